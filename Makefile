@@ -1,0 +1,32 @@
+# The two commands of the README. Each bootstraps .venv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test smoke bench lock clean
+
+book: $(STAMP)  ## execute every chapter at its defaults and build _build/html
+	$(BIN)/python -m iclnb book
+
+test: $(STAMP)  ## run the test suite
+	$(BIN)/python -m pytest -q
+
+smoke: $(STAMP)  ## the whole book with tiny parameters (claims recorded, not enforced)
+	$(BIN)/python -m iclnb book --smoke
+
+bench: $(STAMP)  ## training throughput against the naive reference
+	$(BIN)/python benchmarks/bench_engine.py
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev]"
+	touch $(STAMP)
+
+lock: $(STAMP)  ## re-pin constraints.txt to what is installed (Python 3.11)
+	{ sed -n '1,3p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^iclnb' \
+	  | sed -e 's/+cpu//' -e 's/$$/ ; python_version == "3.11"/'; } > constraints.new && mv constraints.new constraints.txt
+
+clean:
+	rm -rf _build book/chapters book/reproducibility.md

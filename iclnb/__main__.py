@@ -1,0 +1,74 @@
+"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH -p NAME VALUE | book [--smoke]."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import runner
+
+
+def _list(args) -> int:
+    for ch in runner.chapters():
+        print(f"{ch.number:2d}  {ch.slug:40s} {ch.description}")
+    return 0
+
+
+def _params(args) -> int:
+    ch = runner.find_chapter(args.chapter)
+    print(f"chapter {ch.number}: {ch.title}\n")
+    params = ch.parameters()
+    width = max(len(p.name) for p in params)
+    for p in params:
+        print(f"  {p.name:{width}s}  {p.type:6s} = {p.default!r:12}  {p.help}")
+    if ch.smoke:
+        print(f"\n  smoke parameters (iclnb book --smoke): {ch.smoke}")
+    return 0
+
+
+def _run(args) -> int:
+    ch = runner.find_chapter(args.chapter)
+    overrides = dict(args.param or [])
+    if len(overrides) != len(args.param or []):
+        raise runner.ParameterError("a parameter is given twice")
+    r = runner.run_chapter(ch, overrides, output=args.output, smoke=args.smoke)
+    print(f"executed notebook: {r.output}")
+    if r.error:
+        print(f"chapter {ch.number} failed: {r.error}\n(partial notebook kept at {r.output})", file=sys.stderr)
+    for c in r.claims.get("claims", []):
+        print(f"  [{c['status']:8s}] {c['text']}: {c['value']} {c['condition']}")
+    print(r.summary())
+    return 0 if r.ok else 1
+
+
+def _book(args) -> int:
+    return runner.build_book(smoke=args.smoke)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="iclnb", description="Run the chapters of the iclnb book.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the chapters, with a one-line description each").set_defaults(fn=_list)
+    p = sub.add_parser("params", help="a chapter's parameters, defaults and help")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.set_defaults(fn=_params)
+    p = sub.add_parser("run", help="execute one chapter with papermill")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter (repeatable); see `iclnb params CH`")
+    p.add_argument("-o", "--output", help="executed notebook path (default book/chapters/NN_name.ipynb)")
+    p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.set_defaults(fn=_run)
+    p = sub.add_parser("book", help="execute every chapter and build the HTML book")
+    p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.set_defaults(fn=_book)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except runner.ParameterError as e:
+        print(f"iclnb: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

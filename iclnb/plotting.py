@@ -1,0 +1,86 @@
+"""One figure style for the whole book, and the few plot types chapters share.
+
+Figures have a white face colour so that they stay readable when the book is shown in dark
+mode; heatmaps are centred at 0 with a diverging colour map; heads keep the same colour across
+a chapter (:func:`head_color`).
+"""
+
+from __future__ import annotations
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+
+STYLE = {
+    "figure.facecolor": "white",
+    "axes.facecolor": "white",
+    "savefig.facecolor": "white",
+    "figure.dpi": 110,
+    "savefig.dpi": 110,
+    "figure.figsize": (6.4, 4.0),
+    "figure.constrained_layout.use": True,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 9,
+    "legend.framealpha": 0.9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "image.cmap": "RdBu_r",
+}
+
+# Colour-blind-safe palette (Okabe-Ito); head h of a chapter always gets HEAD_COLORS[h].
+HEAD_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+
+
+def use_style() -> None:
+    """Apply the book's figure style (call once at the top of a chapter)."""
+    mpl.rcParams.update(STYLE)
+
+
+def head_color(h: int) -> str:
+    """The colour of head ``h`` (0-based), the same in every figure of a chapter."""
+    return HEAD_COLORS[h % len(HEAD_COLORS)]
+
+
+def heatmap(ax, values, *, title: str = "", vmax: float | None = None, xlabels=None, ylabels=None,
+            annotate: bool = False, mark_cols=(), mark_note: str = "unused", colorbar: bool = True):
+    """A heatmap centred at 0 with a diverging colour map.
+
+    ``mark_cols``: columns to hatch and label ``mark_note`` (e.g. the last KQ column, which
+    multiplies the query's always-zero label slot). ``vmax`` defaults to the largest absolute
+    value outside the marked columns. Returns the image.
+    """
+    values = np.atleast_2d(np.asarray(values, dtype=float))
+    keep = [j for j in range(values.shape[1]) if j not in set(mark_cols)]
+    if vmax is None:
+        vmax = float(np.abs(values[:, keep]).max()) if keep else float(np.abs(values).max())
+        vmax = vmax or 1.0
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="equal")
+    ax.grid(False)
+    ax.set_title(title)
+    ax.set_xticks(range(values.shape[1]), xlabels if xlabels is not None else range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]), ylabels if ylabels is not None else range(values.shape[0]))
+    for j in mark_cols:
+        ax.add_patch(mpl.patches.Rectangle((j - 0.5, -0.5), 1, values.shape[0], fill=False, hatch="//",
+                                           edgecolor="0.4", linewidth=0))
+        ax.text(j, values.shape[0] - 0.5, mark_note, ha="center", va="bottom", fontsize=7, color="0.3",
+                rotation=90)
+    if annotate:
+        for (i, j), v in np.ndenumerate(values):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(v) > 0.6 * vmax else "black")
+    if colorbar:
+        plt.colorbar(im, ax=ax, shrink=0.8)
+    return im
+
+
+def log_axes(ax, *, x: bool = True, y: bool = True) -> None:
+    """Log-scale the chosen axes with minor grid lines."""
+    if x:
+        ax.set_xscale("log")
+    if y:
+        ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.25)

@@ -1,0 +1,302 @@
+"""Executing chapters: jupytext source -> papermill -> executed notebook + claims JSON.
+
+The chapter sources are ``notebooks/NN_slug.md`` (MyST markdown read by jupytext). Each has
+exactly one cell tagged ``parameters``, one ``name = value  # help`` per line, and an ``iclnb``
+block in its front matter with a one-line ``description`` and the tiny ``smoke`` parameters.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CHAPTERS_OUT = ROOT / "book" / "chapters"
+REPRO_PAGE = ROOT / "book" / "reproducibility.md"
+CHAPTER_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.md$")
+
+
+class ParameterError(ValueError):
+    """A parameter name or value a chapter does not accept."""
+
+
+@dataclass
+class Parameter:
+    name: str
+    default: object
+    help: str
+
+    @property
+    def type(self) -> str:
+        return type(self.default).__name__
+
+
+@dataclass
+class Chapter:
+    number: int
+    slug: str  # e.g. "01_softmax_regression_bounds"
+    path: Path
+
+    def notebook(self):
+        import jupytext
+
+        return jupytext.read(self.path)
+
+    @property
+    def meta(self) -> dict:
+        return self.notebook().metadata.get("iclnb", {})
+
+    @property
+    def title(self) -> str:
+        for line in self.path.read_text().splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+        return self.slug
+
+    @property
+    def description(self) -> str:
+        return self.meta.get("description", "")
+
+    @property
+    def smoke(self) -> dict:
+        return dict(self.meta.get("smoke", {}))
+
+    def parameters(self) -> list[Parameter]:
+        return parse_parameters(parameters_source(self.notebook()))
+
+
+def chapters() -> list[Chapter]:
+    """All chapters under ``notebooks/``, in order."""
+    found = []
+    for p in sorted(NOTEBOOKS.glob("*.md")):
+        m = CHAPTER_FILE.match(p.name)
+        if m:
+            found.append(Chapter(int(m.group(1)), p.stem, p))
+    return found
+
+
+def find_chapter(spec: str | int) -> Chapter:
+    """A chapter by number (``2``, ``"02"``) or by name (``"kernel"``, ``"02_kernel_regressor_view"``)."""
+    all_ = chapters()
+    spec = str(spec).strip()
+    if spec.isdigit():
+        match = [c for c in all_ if c.number == int(spec)]
+    else:
+        match = [c for c in all_ if c.slug == spec] or [c for c in all_ if spec.lower() in c.slug]
+    if len(match) != 1:
+        names = ", ".join(f"{c.number} ({c.slug})" for c in all_)
+        why = "matches no chapter" if not match else "is ambiguous"
+        raise ParameterError(f"chapter {spec!r} {why}; chapters: {names}")
+    return match[0]
+
+
+def parameters_source(nb) -> str:
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ParameterError(f"a chapter needs exactly one cell tagged 'parameters', found {len(cells)}")
+    return cells[0].source
+
+
+def parse_parameters(source: str) -> list[Parameter]:
+    """``name = literal  # help`` assignments of a parameters cell, with their comments as help."""
+    comments = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    params = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ParameterError(f"parameters cell line {node.lineno}: only `name = literal  # help` lines allowed")
+        params.append(Parameter(node.targets[0].id, ast.literal_eval(node.value), comments.get(node.end_lineno, "")))
+    return params
+
+
+def _coerce(p: Parameter, value):
+    """``value`` (a string from the command line, or a Python value) as the type of ``p``'s default."""
+    if isinstance(value, str) and not isinstance(p.default, str):
+        try:
+            value = ast.literal_eval({"true": "True", "false": "False", "none": "None"}.get(value.lower(), value))
+        except (ValueError, SyntaxError):
+            pass
+    d = p.default
+    ok = (
+        d is None
+        or (isinstance(d, bool) and isinstance(value, bool))
+        or (isinstance(d, int) and not isinstance(d, bool) and isinstance(value, int) and not isinstance(value, bool))
+        or (isinstance(d, float) and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (isinstance(d, str) and isinstance(value, str))
+        or (isinstance(d, (list, tuple)) and isinstance(value, (list, tuple)))
+        or (isinstance(d, dict) and isinstance(value, dict))
+    )
+    if not ok:
+        raise ParameterError(f"parameter {p.name}={value!r}: expected {p.type} (default {p.default!r})")
+    return float(value) if isinstance(d, float) else (type(d)(value) if isinstance(d, (list, tuple)) else value)
+
+
+def resolve_parameters(chapter: Chapter, overrides: dict) -> dict:
+    """Check names and types of ``overrides`` against the chapter's parameters cell.
+
+    Papermill only warns about unknown names; we refuse them, listing the valid ones.
+    """
+    params = {p.name: p for p in chapter.parameters()}
+    valid = "\n".join(f"  {p.name} ({p.type}, default {p.default!r}): {p.help}" for p in params.values())
+    resolved = {}
+    for name, value in overrides.items():
+        if name not in params:
+            raise ParameterError(f"chapter {chapter.number} has no parameter {name!r}. Valid parameters:\n{valid}")
+        try:
+            resolved[name] = _coerce(params[name], value)
+        except ParameterError as e:
+            raise ParameterError(f"{e}. Valid parameters:\n{valid}") from None
+    return resolved
+
+
+@dataclass
+class Result:
+    chapter: Chapter
+    output: Path
+    parameters: dict
+    seconds: float
+    error: str = ""  # which cell failed and why; empty on success
+    claims: dict = field(default_factory=dict)
+
+    @property
+    def claims_failed(self) -> int:
+        return int(self.claims.get("failed", 0))
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not (self.claims.get("enforced") and self.claims_failed)
+
+    def summary(self) -> str:
+        state = "ERROR" if self.error else ("ok" if self.ok else "CLAIMS FAILED")
+        if self.claims and not self.claims.get("enforced") and not self.error:
+            state += " (claims not enforced)"
+        claims = f"{self.claims.get('passed', 0)} passed, {self.claims_failed} failed" if self.claims else "no claims"
+        return f"{self.chapter.slug:40s} {self.seconds:7.1f} s  {claims:22s} {state}"
+
+
+def claims_path(output: Path) -> Path:
+    return output.with_suffix(".claims.json")
+
+
+def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
+                smoke: bool = False, log=print) -> Result:
+    """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
+
+    ``smoke``: run with the chapter's tiny smoke parameters (overrides still win) and do not
+    enforce claims. The partial notebook of a failed run is kept at ``output``.
+    """
+    import papermill as pm
+
+    params = resolve_parameters(chapter, {**(chapter.smoke if smoke else {}), **(overrides or {})})
+    if smoke:
+        params["enforce_claims"] = False
+    output = Path(output or CHAPTERS_OUT / f"{chapter.slug}.ipynb").resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    cpath = claims_path(output)
+    cpath.unlink(missing_ok=True)
+    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET")}
+    os.environ["ICLNB_CLAIMS_JSON"] = str(cpath)
+    os.environ["ICLNB_QUIET"] = "1"
+    log(f"running chapter {chapter.number} ({chapter.slug}) with {params or 'its defaults'} ...")
+    start = time.perf_counter()
+    error = ""
+    try:
+        pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
+                            kernel_name="python3", progress_bar=False, log_output=False)
+    except pm.PapermillExecutionError as e:
+        error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
+    finally:
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - start
+    claims = json.loads(cpath.read_text()) if cpath.exists() else {}
+    if error and claims.get("failed") and claims.get("enforced"):
+        error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
+    return Result(chapter, output, params, seconds, error, claims)
+
+
+def versions() -> dict:
+    import numpy
+    import torch
+
+    from . import __version__
+
+    return {"iclnb": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cuda": torch.cuda.is_available()}
+
+
+def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Path:
+    """The book's "Reproducibility" page: every chapter's claims, parameters, wall time, versions."""
+    v = versions()
+    lines = ["# Reproducibility", "",
+             "This page is written by `iclnb book` when it executes the chapters; it is the record of "
+             "the run that produced this copy of the book.", ""]
+    if smoke:
+        lines += ["```{warning}", "This build ran every chapter with its tiny **smoke** parameters: "
+                  "the claims were recorded but not enforced, and the numbers are not meaningful.", "```", ""]
+    lines += [f"Built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with iclnb {v['iclnb']}, "
+              f"torch {v['torch']}, numpy {v['numpy']}, Python {v['python']} on `{v['platform']}` "
+              f"(CUDA available: {v['cuda']}).", "",
+              "| chapter | wall time (s) | claims passed | claims failed | status |",
+              "| --- | ---: | ---: | ---: | --- |"]
+    for r in results:
+        status = "error" if r.error else ("pass" if r.ok else "claims failed")
+        lines.append(f"| {r.chapter.number}. {r.chapter.title} | {r.seconds:.1f} | "
+                     f"{r.claims.get('passed', 0)} | {r.claims_failed} | {status} |")
+    for r in results:
+        lines += ["", f"## {r.chapter.number}. {r.chapter.title}", "",
+                  f"Parameters: `{json.dumps(r.parameters) if r.parameters else 'defaults'}`", ""]
+        if r.error:
+            lines += [f"**Error:** {r.error}", ""]
+        rows = r.claims.get("claims", [])
+        if rows:
+            lines += ["| claim | measured | threshold | result | seed |", "| --- | --- | --- | --- | --- |"]
+            from .claims import _fmt
+
+            for c in rows:
+                cells = [c["text"], _fmt(c["value"]), c["condition"], c["status"], c["ref"]]
+                lines.append("| " + " | ".join(s.replace("|", "\\|") for s in cells) + " |")
+    REPRO_PAGE.write_text("\n".join(lines) + "\n")
+    return REPRO_PAGE
+
+
+def build_html(log=print) -> int:
+    """``jupyter-book build`` of the repository root, warnings as errors; returns the exit code."""
+    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+           "build", str(ROOT), "-W", "-n", "--keep-going"]
+    log("building the book: jupyter-book " + " ".join(cmd[3:]))
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def build_book(smoke: bool = False, log=print) -> int:
+    """Execute every chapter, write the reproducibility page, build the HTML; 0 when all is well."""
+    results = []
+    for ch in chapters():
+        r = run_chapter(ch, smoke=smoke, log=log)
+        log(("  " + r.error + f"\n  partial notebook kept at {r.output}") if r.error else f"  done in {r.seconds:.1f} s")
+        results.append(r)
+    write_reproducibility_page(results, smoke=smoke)
+    code = build_html(log=log)
+    log("\nchapter                                  wall time  claims                 status")
+    for r in results:
+        log(r.summary())
+    log(f"total {sum(r.seconds for r in results):.1f} s; book build {'ok' if code == 0 else 'FAILED'}"
+        f" -> {ROOT / '_build' / 'html' / 'index.html'}")
+    return 0 if code == 0 and all(r.ok for r in results) else 1

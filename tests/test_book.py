@@ -1,0 +1,85 @@
+"""Checks of the book's sources: TOC, chapter conventions, and the two dependency lists agree."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from iclnb import runner
+
+ROOT = runner.ROOT
+GENERATED = {"book/reproducibility"}  # written by `iclnb book`
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def test_every_toc_file_exists_or_is_generated_from_a_source():
+    for f in toc_files():
+        if f.startswith("book/chapters/"):
+            assert (ROOT / "notebooks" / (Path(f).name + ".md")).exists(), f"no chapter source for {f}"
+        elif f not in GENERATED:
+            assert any((ROOT / (f + ext)).exists() for ext in (".md", ".ipynb")), f"missing {f}"
+
+
+def test_every_chapter_is_in_the_toc():
+    toc = set(toc_files())
+    for ch in runner.chapters():
+        assert f"book/chapters/{ch.slug}" in toc, f"{ch.slug} is not in _toc.yml"
+
+
+@pytest.mark.parametrize("ch", runner.chapters(), ids=lambda c: c.slug)
+def test_chapter_conventions(ch):
+    nb = ch.notebook()
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one parameters cell"
+    params = ch.parameters()
+    assert all(p.help for p in params), f"parameters without a help comment: {[p.name for p in params if not p.help]}"
+    names = {p.name for p in params}
+    assert {"seed", "device", "enforce_claims"} <= names
+    assert ch.description, "front matter iclnb.description is missing"
+    assert set(ch.smoke) <= names, f"smoke parameters not in the parameters cell: {set(ch.smoke) - names}"
+    assert re.match(rf"# {ch.number}\. ", ch.path.read_text().split("---", 2)[2].lstrip()), "title '# N. ...'"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert not re.search(r"^\s*(class |def )", code, re.M), "define models/estimators in iclnb, not in a chapter"
+    assert "raises-exception" not in ch.path.read_text()
+    assert "Claims(" in code and "claims.finish()" in code
+
+
+def _requirements(lines):
+    return sorted(re.sub(r"\s+", "", s) for s in lines)
+
+
+def test_environment_yml_matches_pyproject():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = py["dependencies"] + py["optional-dependencies"]["book"] + py["optional-dependencies"]["dev"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _requirements(p for p in pip if not p.startswith("-e")) == _requirements(wanted)
+
+
+def test_constraints_pin_torch_like_pyproject():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_req = next(d for d in py["dependencies"] if d.startswith("torch"))
+    assert torch_req == "torch==2.13.0"  # a range would pull a multi-GB CUDA build
+    assert re.search(r"^torch==2\.13\.0 ;", (ROOT / "constraints.txt").read_text(), re.M)
+
+
+def test_built_book_if_present():
+    """After `make book`: the index opens on the intro, chapters and the reproducibility page exist."""
+    html = ROOT / "_build" / "html"
+    if not (html / "index.html").exists():
+        pytest.skip("book not built yet (make book)")
+    assert "book/intro.html" in (html / "index.html").read_text()
+    assert (html / "book" / "reproducibility.html").exists()
+    for ch in runner.chapters():
+        page = html / "book" / "chapters" / f"{ch.slug}.html"
+        if page.exists():
+            assert "iclnb-claims" in page.read_text(), f"{ch.slug}: no claims table on the page"
