@@ -1,0 +1,84 @@
+"""The runner on a tiny synthetic chapter: parameters reach the notebook, failures are reported."""
+
+import json
+
+import pytest
+
+from iclnb import runner
+
+SOURCE = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+iclnb:
+  description: a synthetic chapter for the runner tests
+  smoke: {n: 2}
+---
+
+# 98. Synthetic
+
+```{code-cell} ipython3
+:tags: [parameters]
+n = 10  # a count
+fail_at = ""  # "cell" to raise in a cell
+seed = 0  # random seed
+device = "auto"  # device
+enforce_claims = True  # raise when a claim fails
+```
+
+```{code-cell} ipython3
+from iclnb.claims import Claims
+claims = Claims("98_synthetic", enforce=enforce_claims)
+if fail_at == "cell":
+    raise RuntimeError("boom")
+claims.check("n is at least 5", n, ">=", 5)
+```
+
+```{code-cell} ipython3
+claims.finish()
+```
+"""
+
+
+@pytest.fixture
+def chapter(tmp_path):
+    path = tmp_path / "98_synthetic.md"
+    path.write_text(SOURCE)
+    return runner.Chapter(98, "98_synthetic", path)
+
+
+def run(chapter, tmp_path, overrides=None, smoke=False):
+    return runner.run_chapter(chapter, overrides, output=tmp_path / "out" / "98.ipynb", smoke=smoke,
+                              log=lambda *_: None)
+
+
+def test_defaults_pass_and_write_claims(chapter, tmp_path):
+    r = run(chapter, tmp_path)
+    assert r.ok and not r.error and r.claims["passed"] == 1
+    assert json.loads(runner.claims_path(r.output).read_text())["chapter"] == "98_synthetic"
+    assert "1 passed, 0 failed" in r.summary()
+
+
+def test_failed_claim_is_enforced_at_defaults_but_not_in_smoke(chapter, tmp_path):
+    r = run(chapter, tmp_path, {"n": "3"})
+    assert not r.ok and not r.error and r.claims_failed == 1 and "CLAIMS FAILED" in r.summary()
+    r = run(chapter, tmp_path, smoke=True)
+    assert r.parameters == {"n": 2, "enforce_claims": False}
+    assert r.ok and r.claims_failed == 1 and "not enforced" in r.summary()
+
+
+def test_failing_cell_is_reported_and_partial_notebook_kept(chapter, tmp_path):
+    r = run(chapter, tmp_path, {"fail_at": "cell"})
+    assert not r.ok and "RuntimeError: boom" in r.error and "cell" in r.error
+    assert r.output.exists() and not runner.claims_path(r.output).exists()
+
+
+def test_reproducibility_page(chapter, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "REPRO_PAGE", tmp_path / "repro.md")
+    page = runner.write_reproducibility_page([run(chapter, tmp_path)]).read_text()
+    assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page and "| pass |" in page
