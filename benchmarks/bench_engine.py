@@ -1,0 +1,150 @@
+"""Training throughput of the iclnb engine against naive references, measured in the same run.
+
+    python benchmarks/bench_engine.py                # about a minute per thread count
+    python benchmarks/bench_engine.py --quick        # a smoke run (about 30 s)
+    python benchmarks/bench_engine.py --threads 1 2  # also compare two torch threads
+
+Setting: d=5, n=40, batch 256, sigma^2=0.1, Adam lr 1e-3, a fresh batch every step, heads
+H in {1, 2, 3, 4, 8}. Implementations:
+
+* naive: the textbook model, one at a time: nn.Linear Q/K/V/O projections of the whole
+  sequence [z_1..z_n, z_q], full attention with a causal (strictly previous) mask, output read
+  at the query, torch.optim.Adam.
+* paper: the authors' public code style (one model at a time, nn.Linear projections, but only
+  the query row attends: q from z_q, keys/values from the context), torch.optim.Adam.
+* engine: ``iclnb.train.train`` with one model per H, and the ensemble of all five head counts
+  in one program (logging every 100 steps included); also five H=8 members, which is what the
+  ensemble would cost if members were padded to the largest head count.
+
+All run in one process with glibc's heap trimming off (``keep_freed_memory``, which ``train``
+applies on CPU), so none of them pays page faults for its temporaries at every step.
+
+Timing: steps/s per implementation, best of several rounds of about a second; the rounds
+interleave the implementations so that load from other processes hits all of them alike.
+"Ensemble / naive" compares 500k steps of all five models: one ensemble run against the five
+naive runs one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+from torch import nn
+
+from iclnb.models import resolve_device
+from iclnb.train import TrainConfig, keep_freed_memory, train
+
+D_, N_, B_, SIGMA2, LR, HEADS = 5, 40, 256, 0.1, 1e-3, (1, 2, 3, 4, 8)
+
+
+class NaiveAttention(nn.Module):
+    """Multi-head attention in the usual form; ``query_only`` computes only the query row."""
+
+    def __init__(self, D, H, query_only):
+        super().__init__()
+        self.D, self.H, self.query_only = D, H, query_only
+        self.q, self.k, self.v = (nn.Linear(D, H * D, bias=False) for _ in range(3))
+        self.o = nn.Linear(H * D, 1, bias=False)
+
+    def forward(self, Z, zq):
+        B, n, D = Z.shape
+        H = self.H
+        if self.query_only:  # the paper's MultiHeadAttention(z_q, z)
+            q = self.q(zq).view(B, 1, H, D).transpose(1, 2)
+            k, v = (f(Z).view(B, n, H, D).transpose(1, 2) for f in (self.k, self.v))
+            att = (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1)
+            return self.o((att @ v).transpose(1, 2).reshape(B, H * D))[:, 0]
+        seq = torch.cat([Z, zq.unsqueeze(1)], 1)
+        q, k, v = (f(seq).view(B, n + 1, H, D).transpose(1, 2) for f in (self.q, self.k, self.v))
+        mask = torch.ones(n + 1, n + 1, dtype=torch.bool, device=Z.device).tril(-1)
+        mask[0, 0] = True  # the first token has no predecessor
+        att = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~mask, float("-inf")).softmax(-1)
+        return self.o((att @ v).transpose(1, 2).reshape(B, n + 1, H * D))[:, -1, 0]
+
+
+def naive_runner(H, query_only, device):
+    torch.manual_seed(0)
+    model = NaiveAttention(D_ + 1, H, query_only).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+
+    def run(steps):
+        for _ in range(steps):
+            X = torch.randn(B_, N_ + 1, D_, device=device)
+            beta = torch.randn(B_, D_, 1, device=device) / math.sqrt(D_)
+            y = (X @ beta).squeeze(-1) + math.sqrt(SIGMA2) * torch.randn(B_, N_ + 1, device=device)
+            Z = torch.cat([X[:, :N_], y[:, :N_, None]], -1)
+            zq = torch.cat([X[:, N_], torch.zeros(B_, 1, device=device)], -1)
+            loss = ((model(Z, zq) - y[:, N_]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    return run
+
+
+def engine_runner(heads, device):
+    def run(steps):
+        train(TrainConfig(heads=heads, steps=steps, device=str(device)), progress=False, cache=False)
+
+    return run
+
+
+def measure(runners, seconds, rounds):
+    """Best steps/s of every runner over ``rounds`` interleaved rounds of about ``seconds`` each."""
+    steps, best = {}, {name: 0.0 for name in runners}
+    for name, run in runners.items():  # warm up, and size each measurement from the warm-up's rate
+        run(3)
+        t0 = time.perf_counter()
+        run(10)
+        steps[name] = max(10, int(seconds * 10 / (time.perf_counter() - t0)))
+    for _ in range(rounds):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            run(steps[name])
+            best[name] = max(best[name], steps[name] / (time.perf_counter() - t0))
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short smoke run")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1], help="torch thread counts to compare, e.g. 1 2")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+    device = resolve_device(args.device)
+    keep_freed_memory()  # what train() does on CPU; set first so every implementation gets it
+    seconds, rounds = (0.3, 1) if args.quick else (0.8, 3)
+    runners = {}
+    for H in HEADS:
+        runners[f"naive H={H}"] = naive_runner(H, False, device)
+        runners[f"paper H={H}"] = naive_runner(H, True, device)
+        runners[f"engine H={H}"] = engine_runner((H,), device)
+    runners["ensemble"] = engine_runner(HEADS, device)
+    runners["padded"] = engine_runner((8,) * len(HEADS), device)  # what padding to Hmax would cost
+
+    print(f"device={device}, torch {torch.__version__}, d={D_}, n={N_}, batch={B_}, "
+          f"load average {os.getloadavg()[0]:.1f}; steps/s, best of {rounds} round(s)")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        os.environ["ICLNB_THREADS"] = str(threads)  # the engine's own thread setting
+        r = measure(runners, seconds, rounds)
+        print(f"\n### {threads} thread(s)\n")
+        print("| H | naive | paper-style | engine | engine / naive | engine / paper-style |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for H in HEADS:
+            n, p, e = r[f"naive H={H}"], r[f"paper H={H}"], r[f"engine H={H}"]
+            print(f"| {H} | {n:.0f} | {p:.0f} | {e:.0f} | {e / n:.1f}x | {e / p:.1f}x |")
+        t = {impl: sum(5e5 / r[f"{impl} H={H}"] for H in HEADS) / 60 for impl in ("naive", "paper", "engine")}
+        t_ens = 5e5 / r["ensemble"] / 60
+        print(f"| ensemble of all five | | | {r['ensemble']:.0f} | {t['naive'] / t_ens:.0f}x | {t['paper'] / t_ens:.1f}x |")
+        print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
+        print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
+              f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from iclnb.tasks import sample_tokens
+from iclnb.train import TrainConfig, _data_seed, build_model, cache_path, train
+
+TINY = dict(d=3, n=6, batch=16, steps=25, log_every=10, lr=1e-2, device="cpu", dtype="float64")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_history_shapes_and_circuits():
+    run = train(TrainConfig(heads=(1, 3), **TINY), progress=False)
+    h = run.history
+    assert h.steps.tolist() == [0, 10, 20, 25] and h.loss.shape == (2, 4)
+    for k, H in enumerate((1, 3)):
+        assert h.omega[k].shape == h.mu[k].shape == (4, H)
+        assert h.kq[k].shape == (4, H, 4, 4) and h.ov[k].shape == (4, H, 4)
+        np.testing.assert_allclose(h.omega[k], np.diagonal(h.kq[k][:, :, :3, :3], axis1=2, axis2=3).mean(-1))
+        np.testing.assert_allclose(h.mu[k], h.ov[k][..., -1])
+    KQ, OV = run.model.circuits()
+    np.testing.assert_allclose(h.kq[1][-1], KQ[1:].detach().numpy())
+    np.testing.assert_allclose(h.ov[0][-1], OV[:1].detach().numpy())
+    assert not run.from_cache and run.train_seconds > 0
+
+
+def test_matches_autograd_and_torch_adam():
+    """The engine's steps equal autograd + torch.optim.Adam on the same data stream."""
+    cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 5})
+    ref = build_model(cfg)
+    opt = torch.optim.Adam([ref.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
+    gen = torch.Generator().manual_seed(_data_seed(cfg.seed))
+    first = None
+    for _ in range(cfg.steps):
+        Z, q1, yq, _ = sample_tokens(cfg.batch, cfg.n, cfg.d, cfg.sigma2, gen, "cpu", torch.float64)
+        loss = ((ref.predict_tokens(Z, q1) - yq[:, None]) ** 2).mean(0)
+        first = loss.detach() if first is None else first
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+    run = train(cfg, progress=False, cache=False)
+    torch.testing.assert_close(run.model.flat, ref.flat, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(run.history.loss[:, 0], first.numpy(), atol=1e-12)
+
+
+def test_loss_decreases():
+    run = train(TrainConfig(heads=2, **{**TINY, "d": 2, "batch": 64, "steps": 300, "log_every": 100}), cache=False)
+    assert run.history.loss[0, -1] < 0.8 * run.history.loss[0, 0]
+
+
+def test_reproducible():
+    cfg = TrainConfig(heads=(2,), **TINY)
+    a, b = train(cfg, cache=False), train(cfg, cache=False)
+    assert torch.equal(a.model.flat, b.model.flat) and np.array_equal(a.history.loss, b.history.loss)
+    c = train(TrainConfig(heads=(2,), **{**TINY, "seed": 1}), cache=False)
+    assert not torch.equal(a.model.flat, c.model.flat)
+
+
+@pytest.mark.parametrize("init_seeds", [None, (5, 6, 7)])
+def test_member_trains_as_alone(init_seeds):
+    """Packing members with different head counts changes nothing: each trains as alone."""
+    cfg = TrainConfig(heads=(1, 3, 2), init_seeds=init_seeds, **TINY)
+    ens = train(cfg, cache=False)
+    for k in range(3):
+        alone = train(cfg.member(k), cache=False)
+        for name, w in alone.model.member_weights(0).items():
+            torch.testing.assert_close(ens.model.member_weights(k)[name], w, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(ens.history.loss[k], alone.history.loss[0], atol=1e-12)
+        np.testing.assert_allclose(ens.history.kq[k], alone.history.kq[0], atol=1e-10)
+
+
+def test_linear_model_and_covariance_train():
+    for extra in ({"model": "linear"}, {"rho": 0.5}):
+        run = train(TrainConfig(heads=(1, 2), **{**TINY, **extra}), cache=False)
+        assert np.isfinite(run.history.loss).all()
+
+
+def test_nan_guard():
+    cfg = TrainConfig(heads=(1, 2), **{**TINY, "dtype": "float32", "lr": 1e30})
+    with pytest.raises(FloatingPointError, match=r"loss (nan|inf) at step \d+"):
+        train(cfg, cache=False)
+
+
+def test_cache_hit_and_corrupt_entry():
+    cfg = TrainConfig(heads=(1, 2), **TINY)
+    first = train(cfg)
+    path = cache_path(cfg)
+    assert path.exists() and not list(path.parent.glob("*.tmp"))
+    hit = train(cfg)
+    assert hit.from_cache and hit.train_seconds == first.train_seconds
+    assert torch.equal(hit.model.flat, first.model.flat)
+    for f in ("steps", "loss"):
+        assert np.array_equal(getattr(hit.history, f), getattr(first.history, f))
+    for f in ("omega", "mu", "kq", "ov"):
+        for a, b in zip(getattr(hit.history, f), getattr(first.history, f)):
+            assert np.array_equal(a, b)
+    path.write_bytes(b"not a torch file")
+    with pytest.warns(UserWarning, match="unreadable run-cache entry"):
+        again = train(cfg)
+    assert not again.from_cache and torch.equal(again.model.flat, first.model.flat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train(cfg).from_cache  # rewritten
+
+
+def test_cache_key_and_bypass():
+    cfg = TrainConfig(heads=(1, 2), **TINY)
+    assert cache_path(cfg) != cache_path(TrainConfig(heads=(1, 2), **{**TINY, "lr": 2e-2}))
+    assert cache_path(cfg) == cache_path(TrainConfig(heads=[1, 2], **{**TINY, "lr": 0.01}))
+    zero = [cache_path(TrainConfig(heads=2, **{**TINY, "sigma2": s})) for s in (0, 0.0)]
+    assert zero[0] == zero[1]
+    train(cfg, cache=False)
+    assert not cache_path(cfg).exists()
+
+
+def test_progress_bar(capsys, monkeypatch):
+    train(TrainConfig(heads=1, **TINY), progress=True, cache=False)
+    assert "25/25" in capsys.readouterr().err
+    monkeypatch.setenv("ICLNB_QUIET", "1")
+    train(TrainConfig(heads=1, **TINY), cache=False)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"model": "gpt"}, "model"), ({"d": 0}, "d"), ({"heads": 0}, "heads"), ({"heads": ()}, "heads"),
+    ({"n": 0}, "n"), ({"sigma2": -0.1}, "sigma2"), ({"steps": 0}, "steps"), ({"batch": 0}, "batch"),
+    ({"lr": 0.0}, "lr"), ({"seed": -1}, "seed"), ({"log_every": 0}, "log_every"), ({"device": "tpu"}, "device"),
+    ({"dtype": "float16"}, "dtype"), ({"init_seeds": (1,)}, "init_seeds"), ({"rho": 1.0}, "rho"),
+])
+def test_bad_config(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
+        TrainConfig(**{**TINY, "heads": (1, 2), **kwargs})
