@@ -10,6 +10,7 @@ from __future__ import annotations
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
+from typing import Sequence
 
 STYLE = {
     "figure.facecolor": "white",
@@ -84,3 +85,26 @@ def log_axes(ax, *, x: bool = True, y: bool = True) -> None:
     if y:
         ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.25)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> str:
+    """A markdown table of ``rows`` (dicts); ``columns`` a list of keys or ``{key: header}``."""
+    cols = dict(columns) if isinstance(columns, dict) else {c: c for c in columns}
+
+    def cell(v):
+        if isinstance(v, bool):
+            return "yes" if v else "NO"
+        if isinstance(v, float):
+            return fmt.format(v)
+        return str(v)
+
+    lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def show_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> None:
+    """Display :func:`markdown_table` in a notebook (rendered as a table on the book page)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(markdown_table(rows, columns, fmt)))

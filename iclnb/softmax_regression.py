@@ -53,13 +53,16 @@ from typing import Sequence
 
 import torch
 
+from .models import resolve_device
+from .plotting import markdown_table
+
 __all__ = [
     # core objects
     "logits", "f", "log_alpha", "alpha", "c", "loss", "grad_loss", "grad_loss_autograd",
     "grad_loss_printed_sign", "max_rel_error", "gd_step", "seed_update", "gd_trajectory",
     "softmax_delta",
     # instances
-    "resolve_device", "make_generator", "sample_A", "sample_x", "sample_b", "sample_instances",
+    "make_generator", "sample_A", "sample_x", "sample_b", "sample_instances",
     # bounds
     "log_M", "log_intermediate_bound", "log_beta_lower", "tight_constant_x", "tight_constant_A",
     "spectral_norm", "LN10",
@@ -73,8 +76,6 @@ __all__ = [
     "ICLConfig", "sample_icl_tasks", "encode_context", "encode_queries", "SoftmaxAttentionLayer",
     "gd_one_step_from_zero", "gd_predict", "fit_gd_eta", "train_icl_layer", "von_oswald_metrics",
     "icl_comparison", "ICL_THRESHOLDS",
-    # small helpers
-    "markdown_table",
 ]
 
 LN10 = math.log(10.0)
@@ -191,19 +192,6 @@ def softmax_delta(z: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 
 
 # =========================================================================== instances
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; otherwise ``torch.device(device)``."""
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ValueError(f"device={device!r}: use 'auto', 'cpu' or 'cuda'")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}: CUDA is not available on this machine")
-    return torch.device(device)
-
-
 def make_generator(seed: int | torch.Generator) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with ``seed`` (or ``seed`` itself if it is one)."""
     if isinstance(seed, torch.Generator):
@@ -1083,20 +1071,3 @@ def icl_comparison(cfg: ICLConfig, trained: dict, eval_tasks: int = 1000, fit_ta
     out["scatter"] = {"gd": y_gd.flatten()[:500].cpu().tolist(), "layer": preds["layer"][0].flatten()[:500].cpu().tolist(),
                       "target": t["yq"].flatten()[:500].cpu().tolist()}
     return out
-
-
-# =========================================================================== helpers
-def markdown_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> str:
-    """A markdown table of ``rows`` (dicts); ``columns`` a list of keys or ``{key: header}``."""
-    cols = dict(columns) if isinstance(columns, dict) else {c: c for c in columns}
-
-    def cell(v):
-        if isinstance(v, bool):
-            return "yes" if v else "NO"
-        if isinstance(v, float):
-            return fmt.format(v)
-        return str(v)
-
-    lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in cols) + " |" for r in rows]
-    return "\n".join(lines)

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from iclnb.plotting import markdown_table
+
 from iclnb import softmax_regression as sr
 
 
@@ -320,5 +322,5 @@ def test_von_oswald_metrics_identity():
 
 
 def test_markdown_table():
-    md = sr.markdown_table([{"a": 1, "b": 0.5, "c": True}], {"a": "A", "b": "B", "c": "ok"})
+    md = markdown_table([{"a": 1, "b": 0.5, "c": True}], {"a": "A", "b": "B", "c": "ok"})
     assert md.splitlines()[0] == "| A | B | ok |" and "yes" in md
