@@ -87,8 +87,9 @@ def log_axes(ax, *, x: bool = True, y: bool = True) -> None:
     ax.grid(True, which="both", alpha=0.25)
 
 
-def markdown_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> str:
-    """A markdown table of ``rows`` (dicts); ``columns`` a list of keys or ``{key: header}``."""
+def markdown_table(rows: Sequence, columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> str:
+    """A markdown table. ``rows``: dicts (``columns`` a list of keys or ``{key: header}``) or
+    sequences of cells (``columns`` the headers). Floats use ``fmt``, booleans read yes/NO."""
     cols = dict(columns) if isinstance(columns, dict) else {c: c for c in columns}
 
     def cell(v):
@@ -96,10 +97,13 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str
             return "yes" if v else "NO"
         if isinstance(v, float):
             return fmt.format(v)
-        return str(v)
+        return str(v).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in cols) + " |" for r in rows]
+    def cells(r):
+        return [r.get(k, "") for k in cols] if isinstance(r, dict) else list(r)
+
+    lines = ["| " + " | ".join(cell(h) for h in cols.values()) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -108,3 +112,44 @@ def show_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "
     from IPython.display import Markdown, display
 
     display(Markdown(markdown_table(rows, columns, fmt)))
+
+
+def plot_circuits(kq_, ov_, title: str = "", classes: Sequence[str] | None = None, vmax: float | None = None,
+                  per_row: int = 4):
+    """One figure of a model's circuits: per head a KQ heatmap (D x D) above its OV row (1 x D).
+
+    Diverging colour map centred at 0, one colour scale for all KQ panels and one for all OV
+    panels (so a dummy head shows as nearly white); at most ``per_row`` heads per row. The last
+    KQ column multiplies the query's always-zero label slot and is hatched as "unused" (it keeps
+    its random init); it is left out of the colour scale. Returns the matplotlib figure.
+    """
+    K, V = np.asarray(kq_, dtype=float), np.asarray(ov_, dtype=float)
+    H, D = V.shape
+    d = D - 1
+    labels = [f"x{j + 1}" for j in range(d)] + ["y"]
+    kmax = vmax if vmax is not None else float(np.abs(K[:, :, :d]).max()) or 1.0
+    vmax_ov = float(np.abs(V).max()) or 1.0
+    ncol = min(H, per_row)
+    groups = -(-H // ncol)
+    fig, axes = plt.subplots(2 * groups, ncol, figsize=(1.9 * ncol + 1.2, 2.9 * groups + 0.5), squeeze=False,
+                             gridspec_kw={"height_ratios": [D, 1.4] * groups})
+    for ax in axes.ravel():
+        ax.set_visible(False)
+    for h in range(H):
+        r, c = 2 * (h // ncol), h % ncol
+        a, b = axes[r, c], axes[r + 1, c]
+        a.set_visible(True)
+        b.set_visible(True)
+        tag = f"\n({classes[h]})" if classes is not None else ""
+        imk = heatmap(a, K[h], title=f"head {h + 1}{tag}", vmax=kmax, mark_cols=[d], xlabels=labels,
+                      ylabels=labels, colorbar=False)
+        imv = heatmap(b, V[h][None, :], vmax=vmax_ov, xlabels=labels, ylabels=["OV"], colorbar=False)
+        if c == 0:
+            a.set_ylabel("KQ: key coordinate")
+        a.set_xlabel("query coordinate", fontsize=8)
+    # one colour bar per scale, beside the first row (the scales are shared by all heads)
+    fig.colorbar(imk, ax=axes[0, :].tolist(), shrink=0.8, label="KQ entry")
+    fig.colorbar(imv, ax=axes[1, :].tolist(), shrink=1.0, aspect=6, label="OV entry")
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,254 @@
+"""KQ and OV circuits of a trained multi-head softmax attention layer.
+
+A trained model is described by its weight dict ``w = {"WQ": (H,D,D), "WK": (H,D,D),
+"WV": (H,D,D), "WO": (H,D)}`` with ``D = d + 1`` (tokens ``z_i = [x_i; y_i]``, query
+``z_q = [x_q; 0]``). The model predicts
+
+    y_hat = sum_h W_O,h W_V,h Z softmax(Z^T W_K,h^T W_Q,h z_q / sqrt(D)).
+
+Per head we read off
+
+* ``KQ_h = W_K,h^T W_Q,h / sqrt(D)`` (D x D; rows index the key coordinate, columns the
+  query coordinate), so the score of token i is ``z_i^T KQ_h z_q``;
+* ``OV_h = (W_O,h W_V,h)^T`` (a D-vector), so the value of token i is ``OV_h^T z_i``;
+* ``omega_h`` = mean of the first d diagonal entries of ``KQ_h`` (the kernel bandwidth) and
+  ``mu_h = OV_h[-1]`` (the weight on the labels).
+
+The last column of ``KQ_h`` multiplies the query's label slot, which is always 0: it never
+affects the output, gets no gradient and keeps its random initial value. Every pattern metric
+here therefore uses only ``KQ_h[:d, :d]`` (and the last row ``KQ_h[d, :d]``), never that column.
+
+Functions accept torch tensors or numpy arrays and return numpy arrays / python values, which
+is what tables and plots want.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "kq",
+    "ov",
+    "omega_mu",
+    "pattern_metrics",
+    "circuit_metrics",
+    "summarize",
+    "summarize_circuits",
+    "classify_heads",
+    "effective_gd_step",
+    "linearized_step",
+    "circuit_predict",
+    "HEAD_CLASSES",
+]
+
+HEAD_CLASSES = ("positive", "negative", "dummy")
+
+
+def _np(a) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        return a.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def _weights(w: Mapping) -> dict[str, np.ndarray]:
+    missing = {"WQ", "WK", "WV", "WO"} - set(w)
+    if missing:
+        raise KeyError(f"weight dict is missing {sorted(missing)}; expected WQ, WK, WV, WO")
+    out = {k: _np(w[k]) for k in ("WQ", "WK", "WV", "WO")}
+    WQ = out["WQ"]
+    if WQ.ndim != 3 or WQ.shape[1] != WQ.shape[2]:
+        raise ValueError(f"WQ must have shape (H, D, D), got {WQ.shape}")
+    H, D, _ = WQ.shape
+    for k in ("WK", "WV"):
+        if out[k].shape != (H, D, D):
+            raise ValueError(f"{k} must have shape {(H, D, D)}, got {out[k].shape}")
+    if out["WO"].shape != (H, D):
+        raise ValueError(f"WO must have shape {(H, D)}, got {out['WO'].shape}")
+    return out
+
+
+def kq(w: Mapping) -> np.ndarray:
+    """KQ circuits, shape (H, D, D): ``KQ_h = W_K,h^T W_Q,h / sqrt(D)``.
+
+    Rows index the key coordinate, columns the query coordinate: the score of context token
+    ``z_i`` against the query is ``z_i^T KQ_h z_q``. The last column is unused (see module doc).
+    """
+    w = _weights(w)
+    D = w["WQ"].shape[-1]
+    return np.einsum("hki,hkj->hij", w["WK"], w["WQ"]) / math.sqrt(D)
+
+
+def ov(w: Mapping) -> np.ndarray:
+    """OV circuits, shape (H, D): ``OV_h = (W_O,h W_V,h)^T``; head h's value of token z is OV_h . z."""
+    w = _weights(w)
+    return np.einsum("hk,hkj->hj", w["WO"], w["WV"])
+
+
+def omega_mu(w: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, mu), each of shape (H,): omega_h = mean(diag(KQ_h)[:d]), mu_h = OV_h[-1]."""
+    K = kq(w)
+    d = K.shape[-1] - 1
+    omega = np.einsum("hii->hi", K[:, :d, :d]).mean(axis=1)
+    mu = ov(w)[:, -1]
+    return omega, mu
+
+
+def pattern_metrics(w: Mapping) -> list[dict]:
+    """Per-head pattern metrics of Observation 1 (one dict per head); see :func:`circuit_metrics`."""
+    return circuit_metrics(kq(w), ov(w))
+
+
+def circuit_metrics(kq_, ov_) -> list[dict]:
+    """Per-head pattern metrics from circuits KQ (H,D,D) and OV (H,D) (e.g. a logged snapshot).
+
+    Only ``KQ[:d, :d]`` (and the last row ``KQ[d, :d]``) enter; the last KQ column multiplies the
+    query's always-zero label slot and is excluded.
+
+    Keys:
+      ``diag_ratio``       ||diag(KQ[:d,:d])|| / ||KQ[:d,:d]||_F   (1 = exactly diagonal)
+      ``diag_homogeneity`` Var(diag) / mean(diag)^2 of the d diagonal entries (0 = proportional
+                           to the identity; population variance)
+      ``last_row_ratio``   ||KQ[d,:d]|| / ||KQ[:,:d]||_F (0 = the label key does not score)
+      ``ov_last_ratio``    |OV[-1]| / ||OV||                       (1 = last-entry-only)
+      ``sign_match``       sign(omega) == sign(mu)
+      ``omega``, ``mu``    the two head parameters
+    """
+    K, V = _np(kq_), _np(ov_)
+    if K.ndim != 3 or V.shape != K.shape[:2]:
+        raise ValueError(f"need KQ (H,D,D) and OV (H,D); got {K.shape} and {V.shape}")
+    d = K.shape[-1] - 1
+    out = []
+    for h in range(K.shape[0]):
+        block = K[h, :d, :d]
+        diag = np.diag(block)
+        fro = float(np.linalg.norm(block))
+        mean = float(diag.mean())
+        omega, mu = mean, float(V[h, -1])
+        out.append(
+            {
+                "head": h,
+                "diag_ratio": float(np.linalg.norm(diag)) / fro if fro > 0 else float("nan"),
+                "diag_homogeneity": float(diag.var()) / mean**2 if mean != 0 else float("inf"),
+                "last_row_ratio": float(np.linalg.norm(K[h, d, :d]))
+                / max(float(np.linalg.norm(K[h, :, :d])), 1e-300),
+                "ov_last_ratio": abs(mu) / max(float(np.linalg.norm(V[h])), 1e-300),
+                "sign_match": bool(np.sign(omega) == np.sign(mu) and omega != 0),
+                "omega": omega,
+                "mu": mu,
+            }
+        )
+    return out
+
+
+def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
+    """Label each head "positive", "negative" or "dummy".
+
+    Rule: a head's contribution is ``c_h = |omega_h * mu_h|`` (its share of the linearised GD
+    step, see :func:`linearized_step`). A head is **dummy** when ``c_h < dummy_frac * max_h c_h``
+    (default 5% of the largest head), or when every head has ``c_h = 0``. Otherwise it is
+    **positive** if ``omega_h > 0`` and **negative** if ``omega_h < 0``. Sign matching of omega
+    and mu is reported separately by :func:`pattern_metrics`, not used here.
+
+    The rule is scale free, so it works the same on hand-built models (e.g. omega = (0.13,
+    -0.13, 0)) and on trained ones; a single-head model is never dummy unless its c is 0.
+    """
+    if not 0 <= dummy_frac < 1:
+        raise ValueError(f"dummy_frac={dummy_frac!r} must lie in [0, 1)")
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    if omega.shape != mu.shape:
+        raise ValueError(f"omega {omega.shape} and mu {mu.shape} must have the same shape")
+    c = np.abs(omega * mu)
+    cmax = float(c.max()) if c.size else 0.0
+    out = []
+    for h in range(omega.size):
+        if cmax == 0 or c[h] < dummy_frac * cmax:
+            out.append("dummy")
+        else:
+            out.append("positive" if omega[h] > 0 else "negative")
+    return out
+
+
+def effective_gd_step(omega, mu, classes: Sequence[str]) -> float:
+    """Effective GD step ``2 sum_{positive h} omega_h mu_h``.
+
+    For a +- pair (omega, mu), (-omega, -mu) the two kernels linearise to the debiased GD
+    predictor with step 2 omega mu (paper eq. 4.10). With no positive head this is 0.
+    """
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    if len(classes) != omega.size:
+        raise ValueError(f"{len(classes)} classes for {omega.size} heads")
+    return float(2 * sum(o * m for o, m, c in zip(omega, mu, classes) if c == "positive"))
+
+
+def linearized_step(omega, mu) -> float:
+    """First-order step of the sum of kernels, ``sum_h omega_h mu_h`` over all heads.
+
+    Expanding softmax(omega x_i^T x_q) to first order in omega gives
+    ``y_hat ~ (sum_h mu_h) y_bar + (sum_h omega_h mu_h) (1/n) sum_i y_i (x_i - x_bar)^T x_q``;
+    it equals :func:`effective_gd_step` when the positive and negative groups balance.
+    """
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    return float(np.sum(omega * mu))
+
+
+def circuit_predict(kq_, ov_, X, y, xq):
+    """Exact prediction of the attention layer from its circuits (no approximation).
+
+    ``kq_`` (H,D,D) and ``ov_`` (H,D) as returned by :func:`kq` / :func:`ov` (numpy or torch);
+    ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors. Returns (B,) in X's dtype/device.
+    """
+    K = torch.as_tensor(_np(kq_), dtype=X.dtype, device=X.device)
+    V = torch.as_tensor(_np(ov_), dtype=X.dtype, device=X.device)
+    Z = torch.cat([X, y.unsqueeze(-1)], dim=-1)  # (B,n,D)
+    zq = torch.cat([xq, torch.zeros_like(xq[..., :1])], dim=-1)  # (B,D)
+    scores = torch.einsum("bni,hij,bj->bhn", Z, K, zq)
+    values = torch.einsum("bni,hi->bhn", Z, V)
+    return (torch.softmax(scores, dim=-1) * values).sum(dim=(-1, -2))
+
+
+def summarize(w: Mapping, dummy_frac: float = 0.05) -> dict:
+    """Everything a chapter tabulates about one trained model; see :func:`summarize_circuits`."""
+    return summarize_circuits(kq(w), ov(w), dummy_frac=dummy_frac)
+
+
+def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
+    """Per-head metrics and classes plus model-level numbers, from KQ (H,D,D) and OV (H,D).
+
+    Returns a dict with
+      ``heads``          list of per-head dicts (:func:`circuit_metrics` plus ``class``)
+      ``classes``, ``omega``, ``mu``   per head
+      ``sum_mu``, ``mu_balance``       sum_h mu_h and |sum_h mu_h| / sum_h |mu_h|
+      ``effective_step`` 2 sum_{positive} omega_h mu_h;  ``linearized_step`` sum_h omega_h mu_h
+      ``min_diag_ratio``, ``max_diag_homogeneity``, ``min_ov_last_ratio``, ``all_sign_match``:
+                         over the non-dummy heads (dummy heads are excluded, as in the paper)
+      ``n_positive``, ``n_negative``, ``n_dummy``
+    """
+    rows = circuit_metrics(kq_, ov_)
+    omega = np.array([r["omega"] for r in rows])
+    mu = np.array([r["mu"] for r in rows])
+    classes = classify_heads(omega, mu, dummy_frac=dummy_frac)
+    for r, c in zip(rows, classes):
+        r["class"] = c
+    live = [r for r in rows if r["class"] != "dummy"]
+    abs_mu = float(np.abs(mu).sum())
+    return {
+        "heads": rows,
+        "classes": classes,
+        "omega": omega,
+        "mu": mu,
+        "sum_mu": float(mu.sum()),
+        "mu_balance": abs(float(mu.sum())) / abs_mu if abs_mu > 0 else float("nan"),
+        "effective_step": effective_gd_step(omega, mu, classes),
+        "linearized_step": linearized_step(omega, mu),
+        "min_diag_ratio": min((r["diag_ratio"] for r in live), default=float("nan")),
+        "max_diag_homogeneity": max((r["diag_homogeneity"] for r in live), default=float("nan")),
+        "min_ov_last_ratio": min((r["ov_last_ratio"] for r in live), default=float("nan")),
+        "all_sign_match": all(r["sign_match"] for r in live),
+        "n_positive": classes.count("positive"),
+        "n_negative": classes.count("negative"),
+        "n_dummy": classes.count("dummy"),
+    }

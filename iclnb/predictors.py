@@ -1,0 +1,303 @@
+"""Closed-form in-context predictors for linear regression and their risks.
+
+All predictors are batched: ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors on any
+device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
+``y_q = beta^T x_q + eps_q``, so every risk here contains the noise variance sigma^2 once
+(beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
+
+* vanilla GD      y_hat = (eta/n) sum_i y_i x_i^T x_q
+                  R(eta) = 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)   (exact, finite n)
+* debiased GD     y_hat = (eta/n) sum_i y_i (x_i - x_bar)^T x_q
+                  R(eta) = 1 + s2 - 2 eta (n-1)/n + eta^2 (n-1)(n + d + s2 d)/n^2   (exact;
+                  derived from E[W] = m I, E[W^2] = m(m+d+1) I for W ~ Wishart_d(m = n-1, I))
+* ridge / Bayes   beta_hat = (X^T X + lambda I)^{-1} X^T y, lambda = s2 d (posterior mean)
+* kernel sums     y_hat = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q)
+                  (a single head is the Nadaraya-Watson regressor of Chen et al.)
+
+:func:`mc_risk` estimates E(y_hat - y_q)^2 by Monte Carlo on given or freshly sampled prompts,
+and :func:`risk_curve` does so over a range of context lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "gd_predict",
+    "gd_optimal_step",
+    "gd_risk",
+    "debiased_gd_predict",
+    "debiased_gd_optimal_step",
+    "debiased_gd_risk",
+    "ridge_lambda",
+    "ridge_predict",
+    "kernel_sum_predict",
+    "nw_predict",
+    "nw_reference_params",
+    "mc_risk",
+    "risk_curve",
+    "best_step",
+    "ByLength",
+]
+
+
+def _check(n: int, d: int, sigma2: float) -> None:
+    if int(n) < 1:
+        raise ValueError(f"n={n!r}: the context length must be >= 1")
+    if int(d) < 1:
+        raise ValueError(f"d={d!r}: the dimension must be >= 1")
+    if sigma2 < 0:
+        raise ValueError(f"sigma2={sigma2!r}: the noise variance must be >= 0")
+
+
+# --------------------------------------------------------------------------- vanilla GD
+def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
+    """One GD step from 0 on the least-squares loss: (eta/n) sum_i y_i x_i^T x_q."""
+    n = X.shape[-2]
+    return eta / n * torch.einsum("bn,bnd,bd->b", y, X, xq)
+
+
+def gd_optimal_step(n: int, d: int, sigma2: float) -> float:
+    """eta* = 1 / (1 + (d+1)/n + sigma2 d/n), the exact finite-n minimiser of :func:`gd_risk`."""
+    _check(n, d, sigma2)
+    return 1.0 / (1.0 + (d + 1) / n + sigma2 * d / n)
+
+
+def gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
+    """Exact risk of :func:`gd_predict` (noisy target): 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)."""
+    _check(n, d, sigma2)
+    return 1.0 + sigma2 - 2.0 * eta + eta**2 * (1.0 + (d + 1) / n + sigma2 * d / n)
+
+
+# --------------------------------------------------------------------------- debiased GD
+def debiased_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
+    """Debiased GD (paper eq. 4.11): (eta/n) sum_i y_i (x_i - x_bar)^T x_q, x_bar the context mean."""
+    n = X.shape[-2]
+    Xc = X - X.mean(dim=-2, keepdim=True)
+    return eta / n * torch.einsum("bn,bnd,bd->b", y, Xc, xq)
+
+
+def debiased_gd_optimal_step(n: int, d: int, sigma2: float) -> float:
+    """eta* = n / (n + d + sigma2 d), the exact minimiser of :func:`debiased_gd_risk` (n >= 2)."""
+    _check(n, d, sigma2)
+    if n < 2:
+        raise ValueError(f"n={n!r}: debiased GD needs at least 2 context examples")
+    return n / (n + d + sigma2 * d)
+
+
+def debiased_gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
+    """Exact risk of :func:`debiased_gd_predict`:
+    1 + s2 - 2 eta (n-1)/n + eta^2 (n-1)(n + d + s2 d)/n^2 (noisy target)."""
+    _check(n, d, sigma2)
+    return 1.0 + sigma2 - 2.0 * eta * (n - 1) / n + eta**2 * (n - 1) * (n + d + sigma2 * d) / n**2
+
+
+# --------------------------------------------------------------------------- ridge
+def ridge_lambda(d: int, sigma2: float) -> float:
+    """Bayes-optimal ridge penalty sigma2 * d for the prior beta ~ N(0, I/d)."""
+    _check(1, d, sigma2)
+    return sigma2 * d
+
+
+def ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, lam: float) -> torch.Tensor:
+    """Ridge prediction x_q^T (X^T X + lam I)^{-1} X^T y (the posterior mean when lam = sigma2 d)."""
+    d = X.shape[-1]
+    A = X.transpose(-1, -2) @ X + lam * torch.eye(d, dtype=X.dtype, device=X.device)
+    b = torch.einsum("bnd,bn->bd", X, y)
+    beta = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1)
+    return (beta * xq).sum(-1)
+
+
+# --------------------------------------------------------------------------- kernel regressors
+def _vec(a, ref: torch.Tensor) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        t = a.detach().to(device=ref.device, dtype=ref.dtype)
+    else:
+        t = torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=ref.dtype, device=ref.device)
+    return t.reshape(-1)
+
+
+def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
+    """Sum of kernel regressors (paper eq. 3.2): sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q).
+
+    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head).
+    """
+    om, m = _vec(omega, X), _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
+    att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
+    return torch.einsum("h,bhn,bn->b", m, att, y)
+
+
+def nw_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega: float, mu: float) -> torch.Tensor:
+    """Single-head Nadaraya-Watson regressor: mu sum_i y_i softmax_i(omega x_i^T x_q)."""
+    return kernel_sum_predict(X, y, xq, [float(omega)], [float(mu)])
+
+
+def nw_reference_params(n: int, d: int, sigma2: float) -> tuple[float, float]:
+    """(omega, mu) of the single-head optimum of Chen et al. (2024):
+    omega = 1/sqrt(d), mu = sqrt(d) / (1 + (1 + sigma2)(d/n) e)."""
+    _check(n, d, sigma2)
+    return 1.0 / math.sqrt(d), math.sqrt(d) / (1.0 + (1.0 + sigma2) * (d / n) * math.e)
+
+
+# --------------------------------------------------------------------------- Monte Carlo
+def _sampler():
+    from iclnb.tasks import sample_linear_regression  # written alongside; imported lazily
+
+    return sample_linear_regression
+
+
+def _chunk(chunk, n: int) -> int:
+    """Prompts per chunk: ``chunk`` if given, else about a million context tokens per chunk."""
+    if chunk is None:
+        return max(256, 1_000_000 // max(int(n), 1))
+    if int(chunk) < 1:
+        raise ValueError(f"chunk={chunk!r} must be >= 1")
+    return int(chunk)
+
+
+class _Slice:
+    __slots__ = ("X", "y", "xq", "yq")
+
+    def __init__(self, X, y, xq, yq):
+        self.X, self.y, self.xq, self.yq = X, y, xq, yq
+
+
+def _batches(n, d, sigma2, prompts, num_prompts, chunk, generator, device, dtype):
+    """Chunks of given prompts, or freshly sampled chunks (generated lazily, to bound memory)."""
+    if prompts is not None:
+        if prompts.X.shape[-2] != n or prompts.X.shape[-1] != d:
+            raise ValueError(f"prompts have shape {tuple(prompts.X.shape)} but n={n}, d={d}")
+        B = prompts.X.shape[0]
+        for i in range(0, B, chunk):
+            j = slice(i, i + chunk)
+            yield _Slice(prompts.X[j], prompts.y[j], prompts.xq[j], prompts.yq[j])
+        return
+    if int(num_prompts) < 2:
+        raise ValueError(f"num_prompts={num_prompts!r} must be >= 2")
+    sample = _sampler()
+    left = int(num_prompts)
+    while left > 0:
+        b = min(chunk, left)
+        yield sample(b, n, d, sigma2, generator=generator, device=device, dtype=dtype)
+        left -= b
+
+
+def _finish(errs: list, return_se: bool):
+    e = torch.cat(errs, dim=-1).numpy()
+    risk = e.mean(axis=-1)
+    se = e.std(axis=-1, ddof=1) / math.sqrt(e.shape[-1])
+    if risk.ndim == 0:
+        risk, se = float(risk), float(se)
+    return (risk, se) if return_se else risk
+
+
+def mc_risk(
+    predict: Callable,
+    n: int,
+    d: int,
+    sigma2: float,
+    prompts=None,
+    num_prompts: int = 100_000,
+    chunk: int | None = None,
+    seed: int = 0,
+    device="cpu",
+    dtype=torch.float32,
+    return_se: bool = False,
+):
+    """Monte Carlo risk E(y_hat - y_q)^2 (noisy target, so sigma^2 is included once).
+
+    ``predict(X, y, xq)`` returns (B,) predictions, or (K,B) for an ensemble of K models.
+    ``prompts`` is any object with ``X, y, xq, yq`` tensors (e.g. ``iclnb.tasks.Prompts``); when
+    omitted, ``num_prompts`` prompts of length ``n`` are drawn with
+    ``iclnb.tasks.sample_linear_regression`` from a generator seeded with ``seed``, chunk by
+    chunk. Evaluation runs in chunks of ``chunk`` prompts (default: about 10^6 context tokens)
+    under ``torch.no_grad``. The sampled prompts depend on (seed, n, chunk): the same arguments
+    give the same numbers on the same device.
+
+    Returns the risk (float, or numpy (K,) for an ensemble); with ``return_se=True`` a pair
+    (risk, standard error).
+    """
+    _check(n, d, sigma2)
+    g = None
+    if prompts is None:
+        g = torch.Generator(device=device)
+        g.manual_seed(int(seed))
+    errs = []
+    with torch.no_grad():
+        for p in _batches(n, d, sigma2, prompts, num_prompts, _chunk(chunk, n), g, device, dtype):
+            yhat = predict(p.X, p.y, p.xq)
+            errs.append(((yhat - p.yq) ** 2).to("cpu", torch.float64))
+    return _finish(errs, return_se)
+
+
+class ByLength:
+    """Wraps ``f(n) -> predict`` so :func:`risk_curve` builds the predictor for each length."""
+
+    def __init__(self, factory: Callable[[int], Callable]):
+        self.factory = factory
+
+    def __call__(self, n: int) -> Callable:
+        return self.factory(n)
+
+
+def risk_curve(
+    predictors: dict,
+    lengths: Iterable[int],
+    d: int,
+    sigma2: float,
+    num_prompts: int = 20_000,
+    seed: int = 0,
+    device="cpu",
+    dtype=torch.float32,
+    chunk: int | None = None,
+) -> dict:
+    """Risk of several predictors against the test context length, on common prompts.
+
+    ``predictors`` maps a name to ``predict(X, y, xq)`` -> (B,) or (K,B), or to
+    ``ByLength(f)`` with ``f(n)`` returning such a function (for predictors whose parameters
+    depend on n, e.g. GD at eta*(n)). At each length the same ``num_prompts`` prompts (drawn
+    from a generator seeded by ``seed`` and the length) feed every predictor, so differences
+    between predictors carry little Monte Carlo noise. Returns ``{"n": lengths, name: risks,
+    name + "_se": standard errors}`` with risks of shape (L,) or (L, K).
+    """
+    lengths = [int(n) for n in lengths]
+    names = list(predictors)
+    risks = {k: [] for k in names}
+    ses = {k: [] for k in names}
+    for n in lengths:
+        _check(n, d, sigma2)
+        g = torch.Generator(device=device)
+        g.manual_seed(int(seed) * 100_003 + n)
+        fns = {k: (f(n) if isinstance(f, ByLength) else f) for k, f in predictors.items()}
+        errs = {k: [] for k in names}
+        with torch.no_grad():
+            for p in _batches(n, d, sigma2, None, num_prompts, _chunk(chunk, n), g, device, dtype):
+                for k in names:
+                    errs[k].append(((fns[k](p.X, p.y, p.xq) - p.yq) ** 2).to("cpu", torch.float64))
+        for k in names:
+            r, se = _finish(errs[k], True)
+            risks[k].append(r)
+            ses[k].append(se)
+    out = {"n": np.asarray(lengths)}
+    for k in names:
+        out[k] = np.asarray(risks[k])
+        out[k + "_se"] = np.asarray(ses[k])
+    return out
+
+
+def best_step(predict_with_step: Callable, n: int, d: int, sigma2: float, prompts, etas: Sequence[float]) -> tuple[float, float]:
+    """1-D grid search of a step size by Monte Carlo: returns (best eta, its risk) over ``etas``,
+    for ``predict_with_step(X, y, xq, eta)`` evaluated on the given prompts."""
+    best = (float("nan"), float("inf"))
+    for eta in etas:
+        r = mc_risk(lambda X, y, xq: predict_with_step(X, y, xq, eta), n, d, sigma2, prompts=prompts)
+        if r < best[1]:
+            best = (float(eta), float(r))
+    return best

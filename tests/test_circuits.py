@@ -1,0 +1,187 @@
+"""Circuits on hand-built models where the answer is known."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from iclnb.plotting import plot_circuits
+
+from iclnb import circuits as C
+from iclnb.predictors import kernel_sum_predict
+
+
+def build_model(kq_blocks, ov_vecs, seed=0):
+    """Weights whose circuits are exactly the given KQ (H,D,D) and OV (H,D)."""
+    g = torch.Generator().manual_seed(seed)
+    kq_blocks = torch.as_tensor(np.asarray(kq_blocks), dtype=torch.float64)
+    ov_vecs = torch.as_tensor(np.asarray(ov_vecs), dtype=torch.float64)
+    H, D, _ = kq_blocks.shape
+    WQ, WK, WV, WO = [], [], [], []
+    for h in range(H):
+        Q, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
+        WK.append(Q)  # K^T Q_ = M sqrt(D) / sqrt(D)
+        WQ.append(math.sqrt(D) * Q @ kq_blocks[h])
+        V = torch.randn(D, D, generator=g, dtype=torch.float64) + 3 * torch.eye(D, dtype=torch.float64)
+        WV.append(V)
+        WO.append(torch.linalg.solve(V.T, ov_vecs[h]))  # WO V = ov^T
+    return {"WQ": torch.stack(WQ), "WK": torch.stack(WK), "WV": torch.stack(WV), "WO": torch.stack(WO)}
+
+
+def pattern_model(omega, mu, d, junk_last_column=True, seed=0):
+    """The paper's pattern (3.1): KQ[:d,:d] = omega I, last row 0; OV = (0,...,0, mu)."""
+    H, D = len(omega), d + 1
+    rng = np.random.default_rng(seed)
+    K = np.zeros((H, D, D))
+    V = np.zeros((H, D))
+    for h in range(H):
+        K[h, :d, :d] = omega[h] * np.eye(d)
+        if junk_last_column:
+            K[h, :, d] = rng.normal(size=D)  # multiplies the query's zero label slot
+        V[h, d] = mu[h]
+    return build_model(K, V, seed=seed), K, V
+
+
+def direct_predict(w, X, y, xq):
+    """The model's definition, written independently of iclnb.circuits."""
+    D = w["WQ"].shape[-1]
+    Z = torch.cat([X, y[..., None]], -1)  # (B,n,D)
+    zq = torch.cat([xq, torch.zeros_like(xq[:, :1])], -1)
+    out = 0
+    for h in range(w["WQ"].shape[0]):
+        q = zq @ w["WQ"][h].T  # (B,D)
+        k = Z @ w["WK"][h].T  # (B,n,D)
+        v = Z @ w["WV"][h].T
+        a = torch.softmax(torch.einsum("bnd,bd->bn", k, q) / math.sqrt(D), -1)
+        out = out + torch.einsum("bn,bnd,d->b", a, v, w["WO"][h])
+    return out
+
+
+def prompts(B=64, n=12, d=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    beta = torch.randn(B, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    y = torch.einsum("bnd,bd->bn", X, beta) + 0.3 * torch.randn(B, n, generator=g, dtype=torch.float64)
+    xq = torch.randn(B, d, generator=g, dtype=torch.float64)
+    return X, y, xq
+
+
+def test_kq_ov_recover_the_built_circuits():
+    d, H = 4, 3
+    rng = np.random.default_rng(0)
+    K = rng.normal(size=(H, d + 1, d + 1))
+    V = rng.normal(size=(H, d + 1))
+    w = build_model(K, V)
+    np.testing.assert_allclose(C.kq(w), K, atol=1e-10)
+    np.testing.assert_allclose(C.ov(w), V, atol=1e-10)
+    # numpy input works as well
+    wn = {k: v.numpy() for k, v in w.items()}
+    np.testing.assert_allclose(C.kq(wn), K, atol=1e-10)
+
+
+def test_circuit_predict_matches_the_model_definition():
+    d = 4
+    rng = np.random.default_rng(3)
+    K = 0.3 * rng.normal(size=(2, d + 1, d + 1))
+    V = rng.normal(size=(2, d + 1))
+    w = build_model(K, V, seed=3)
+    X, y, xq = prompts(d=d)
+    torch.testing.assert_close(C.circuit_predict(C.kq(w), C.ov(w), X, y, xq), direct_predict(w, X, y, xq))
+
+
+def test_pattern_model_is_a_sum_of_kernel_regressors():
+    d = 4
+    omega, mu = [0.13, -0.13, 0.0], [3.45, -3.45, 0.0]
+    w, _, _ = pattern_model(omega, mu, d)
+    X, y, xq = prompts(d=d)
+    torch.testing.assert_close(direct_predict(w, X, y, xq), kernel_sum_predict(X, y, xq, omega, mu))
+
+
+def test_omega_mu_metrics_and_classes_on_the_paper_pattern():
+    d = 5
+    omega, mu = [0.13, -0.13, 1e-4, 0.12], [3.45, -3.45, 2e-3, 3.0]
+    w, _, _ = pattern_model(omega, mu, d)
+    om, m = C.omega_mu(w)
+    np.testing.assert_allclose(om, omega, atol=1e-10)
+    np.testing.assert_allclose(m, mu, atol=1e-10)
+    for row in C.pattern_metrics(w):
+        # the random last KQ column is ignored by every metric
+        assert row["diag_ratio"] == pytest.approx(1.0, abs=1e-9)
+        assert row["diag_homogeneity"] == pytest.approx(0.0, abs=1e-12)
+        assert row["last_row_ratio"] == pytest.approx(0.0, abs=1e-9)
+        assert row["ov_last_ratio"] == pytest.approx(1.0, abs=1e-12)
+        assert row["sign_match"]
+    classes = C.classify_heads(om, m)
+    assert classes == ["positive", "negative", "dummy", "positive"]
+    assert C.effective_gd_step(om, m, classes) == pytest.approx(2 * (0.13 * 3.45 + 0.12 * 3.0))
+    assert C.linearized_step(om, m) == pytest.approx(2 * 0.13 * 3.45 + 0.12 * 3.0 + 2e-7)
+
+
+def test_metrics_on_an_imperfect_pattern():
+    d = 3
+    K = np.zeros((1, d + 1, d + 1))
+    K[0, :d, :d] = np.diag([1.0, 2.0, 3.0]) + 0.1 * (1 - np.eye(d))
+    K[0, d, :d] = [0.3, 0.0, 0.4]
+    K[0, :, d] = 100.0  # must not matter
+    V = np.array([[0.0, 0.6, 0.0, -0.8]])
+    w = build_model(K, V)
+    (row,) = C.pattern_metrics(w)
+    diag = np.array([1.0, 2.0, 3.0])
+    assert row["diag_ratio"] == pytest.approx(np.linalg.norm(diag) / np.sqrt((diag**2).sum() + 6 * 0.01))
+    assert row["diag_homogeneity"] == pytest.approx(diag.var() / diag.mean() ** 2)
+    assert row["ov_last_ratio"] == pytest.approx(0.8)
+    assert not row["sign_match"]  # omega = 2 > 0, mu = -0.8
+    assert row["last_row_ratio"] == pytest.approx(0.5 / np.linalg.norm(K[0, :, :d]))
+
+
+def test_classify_heads_edge_cases():
+    assert C.classify_heads([-0.5], [-1.4]) == ["negative"]
+    assert C.classify_heads(np.zeros(2), np.ones(2)) == ["dummy", "dummy"]
+    assert C.classify_heads([0.1, -0.1], [1.0, -0.04], dummy_frac=0.05) == ["positive", "dummy"]
+    with pytest.raises(ValueError):
+        C.classify_heads([0.1], [1.0], dummy_frac=1.5)
+    with pytest.raises(ValueError):
+        C.effective_gd_step([0.1, 0.2], [1.0, 1.0], ["positive"])
+
+
+def test_bad_weight_dict_is_rejected():
+    with pytest.raises(KeyError):
+        C.kq({"WQ": torch.zeros(1, 3, 3)})
+    w = build_model(np.zeros((2, 3, 3)), np.zeros((2, 3)))
+    w["WO"] = torch.zeros(2, 4)
+    with pytest.raises(ValueError):
+        C.ov(w)
+
+
+def test_summarize_excludes_dummy_heads_and_balances_mu():
+    d = 5
+    omega, mu = [0.13, -0.13, 1e-4], [3.45, -3.45, 2e-3]
+    w, K, V = pattern_model(omega, mu, d)
+    V[2, 0] = 1.0  # the dummy head breaks the OV pattern; it must not count
+    w = build_model(K, V)
+    s = C.summarize(w)
+    assert s["classes"] == ["positive", "negative", "dummy"]
+    assert s["n_positive"] == s["n_negative"] == s["n_dummy"] == 1
+    assert s["min_ov_last_ratio"] == pytest.approx(1.0)
+    assert s["min_diag_ratio"] == pytest.approx(1.0)
+    assert s["all_sign_match"]
+    assert s["sum_mu"] == pytest.approx(2e-3)
+    assert s["mu_balance"] == pytest.approx(2e-3 / (6.9 + 2e-3))
+    assert s["effective_step"] == pytest.approx(2 * 0.13 * 3.45)
+    # the same from the circuits directly (as logged during training)
+    s2 = C.summarize_circuits(C.kq(w), C.ov(w))
+    assert s2["classes"] == s["classes"] and s2["effective_step"] == pytest.approx(s["effective_step"])
+
+
+def test_plot_circuits_draws_every_head():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, K, V = pattern_model([0.1, -0.1, 0.0, 0.2, -0.2], [1.0, -1.0, 0.0, 2.0, -2.0], d=3)
+    fig = plot_circuits(C.kq(w), C.ov(w), title="t", classes=C.classify_heads(*C.omega_mu(w)))
+    visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    assert len(visible) == 2 * 5  # a KQ and an OV panel per head
+    plt.close(fig)
