@@ -258,11 +258,14 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
               "| --- | ---: | ---: | ---: | --- |"]
     for r in results:
         status = "error" if r.error else ("pass" if r.ok else "claims failed")
-        lines.append(f"| {r.chapter.number}. {r.chapter.title} | {r.seconds:.1f} | "
+        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | "
                      f"{r.claims.get('passed', 0)} | {r.claims_failed} | {status} |")
     for r in results:
-        lines += ["", f"## {r.chapter.number}. {r.chapter.title}", "",
-                  f"Parameters: `{json.dumps(r.parameters) if r.parameters else 'defaults'}`", ""]
+        full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
+        changed = ", ".join(r.parameters) or "none (defaults)"
+        lines += ["", f"## {r.chapter.title}", "",
+                  f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
+                  "```", ""]
         if r.error:
             lines += [f"**Error:** {r.error}", ""]
         rows = r.claims.get("claims", [])
