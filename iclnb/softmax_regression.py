@@ -398,6 +398,22 @@ def gd_trajectory(A: torch.Tensor, x0: torch.Tensor, b: torch.Tensor, eta: float
             "capped": torch.stack(capped)}
 
 
+def _shift_summary(rows: list[dict], ratios: dict, **flags: str) -> dict:
+    """Aggregate the per-(n, R) rows of a shift experiment: every-step flags and the extremes.
+
+    ``flags`` maps further summary keys to the row flag that must hold in every row.
+    """
+    checks = {"all_steps_small": "small_step_ok", "all_M_hold": "M_holds",
+              "all_intermediate_hold": "intermediate_holds", "all_tight_hold": "tight_holds", **flags}
+    return {
+        "rows": rows, "ratios": ratios,
+        **{key: all(r[flag] for r in rows) for key, flag in checks.items()},
+        "min_log10_M_over_worst": min(r["log10_M_over_worst"] for r in rows),
+        "worst_ratio": max(r["worst_ratio"] for r in rows),
+        "n_steps": sum(r["steps"] for r in rows),
+    }
+
+
 def weight_shift_experiment(ns: Sequence[int], Rs: Sequence[float], d: int, instances: int, steps: int,
                             eta: float = 1.0, seed: int = 0, device="cpu") -> dict:
     """Theorem 8.1 on GD trajectories for every (n, R).
@@ -447,17 +463,7 @@ def weight_shift_experiment(ns: Sequence[int], Rs: Sequence[float], d: int, inst
                 "capped_fraction": float(traj["capped"].double().mean()),
             })
             ratios[(n, R)] = r.detach().cpu()
-    return {
-        "rows": rows, "ratios": ratios,
-        "all_steps_small": all(r["small_step_ok"] for r in rows),
-        "all_in_ball": all(r["in_ball_ok"] for r in rows),
-        "all_M_hold": all(r["M_holds"] for r in rows),
-        "all_intermediate_hold": all(r["intermediate_holds"] for r in rows),
-        "all_tight_hold": all(r["tight_holds"] for r in rows),
-        "min_log10_M_over_worst": min(r["log10_M_over_worst"] for r in rows),
-        "worst_ratio": max(r["worst_ratio"] for r in rows),
-        "n_steps": sum(r["steps"] for r in rows),
-    }
+    return _shift_summary(rows, ratios, all_in_ball="in_ball_ok")
 
 
 # =========================================================================== Theorem 8.2 (data shift)
@@ -551,17 +557,7 @@ def data_shift_experiment(ns: Sequence[int], Rs: Sequence[float], d: int, instan
                 "tight_holds": bool((r <= tight * (1 + 1e-12)).all()),
             })
             ratios[(n, R)] = r.flatten().detach().cpu()
-    return {
-        "rows": rows, "ratios": ratios,
-        "all_steps_small": all(r["small_step_ok"] for r in rows),
-        "all_norms_ok": all(r["norm_ok"] for r in rows),
-        "all_M_hold": all(r["M_holds"] for r in rows),
-        "all_intermediate_hold": all(r["intermediate_holds"] for r in rows),
-        "all_tight_hold": all(r["tight_holds"] for r in rows),
-        "min_log10_M_over_worst": min(r["log10_M_over_worst"] for r in rows),
-        "worst_ratio": max(r["worst_ratio"] for r in rows),
-        "n_steps": sum(r["steps"] for r in rows),
-    }
+    return _shift_summary(rows, ratios, all_norms_ok="norm_ok")
 
 
 # =========================================================================== adversarial search
