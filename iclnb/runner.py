@@ -196,7 +196,8 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
 
     ``smoke``: run with the chapter's tiny smoke parameters (overrides still win) and do not
-    enforce claims. The partial notebook of a failed run is kept at ``output``.
+    enforce claims. The partial notebook of a failed run is kept at ``output``. On a terminal,
+    papermill's bar shows progress over the chapter's cells.
     """
     import papermill as pm
 
@@ -215,7 +216,7 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     error = ""
     try:
         pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
-                            kernel_name="python3", progress_bar=False, log_output=False)
+                            kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False)
     except pm.PapermillExecutionError as e:
         error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
     finally:
