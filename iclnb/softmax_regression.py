@@ -34,7 +34,7 @@ Experiments of the chapter (each returns plain dicts / lists of dicts of Python 
   ``dA = A (x' - x) x^T / ||x||^2``.
 * :func:`lemma_audit`: bound / actual for Lemmas 3.3, 5.6, 5.7, 5.8 and 5.5 on given instances.
 * In-context learning (Section 1.1's argument, the paper's unpublished experiment):
-  :func:`sample_icl_tasks`, :func:`encode_context`, :class:`SoftmaxAttentionLayer`,
+  :func:`sample_icl_tasks`, :func:`encode_context`, :class:`AttentionMember`,
   :func:`train_icl_layer`, :func:`gd_one_step_from_zero`, :func:`icl_comparison` with the metrics
   of von Oswald et al. (:func:`von_oswald_metrics`) and the uniform baseline.
 
@@ -73,7 +73,7 @@ __all__ = [
     "data_shift_experiment", "adversarial_search", "adversarial_grid", "validate_parameters", "weight_to_data_shift", "identity_check",
     "lemma_audit", "lemma_audit_experiment", "LEMMAS", "sign_slip_demo",
     # in-context learning
-    "ICLConfig", "sample_icl_tasks", "encode_context", "encode_queries", "SoftmaxAttentionLayer",
+    "ICLConfig", "sample_icl_tasks", "encode_context", "encode_queries", "AttentionMember",
     "gd_one_step_from_zero", "gd_predict", "fit_gd_eta", "train_icl_layer", "von_oswald_metrics",
     "icl_comparison", "ICL_THRESHOLDS",
 ]
@@ -899,53 +899,35 @@ def encode_queries(Aq: torch.Tensor) -> torch.Tensor:
     return torch.cat([Aq, torch.zeros_like(Aq[..., :1])], dim=-1)
 
 
-class SoftmaxAttentionLayer(torch.nn.Module):
-    """One softmax self-attention head read out at the query:
-    ``y_hat(z_q) = W_O W_V Z softmax(Z^T W_K^T W_Q z_q / sqrt(D))``, D = d + 1.
-
-    ``Z`` holds the n context tokens only (the query attends to the context, not to itself);
-    ``W_Q, W_K, W_V`` are D x D, ``W_O`` is 1 x D; no residual, bias, LayerNorm or MLP. Init:
-    PyTorch's ``nn.Linear`` default, U(-1/sqrt(D), 1/sqrt(D)), from the given seed. Only the
-    query rows are computed: ``forward(context (B,n,D), queries (B,Q,D)) -> (B,Q)``.
+class AttentionMember:
+    """Member ``k`` of an ensemble of the engine's one-layer softmax attention
+    (:class:`iclnb.models.SoftmaxAttention`, one head per member), read on softmax-regression tasks:
+    ``y_hat(a_q) = W_O W_V Z softmax(Z^T W_K^T W_Q [a_q; 0] / sqrt(D))`` over the context tokens
+    ``Z`` of :func:`encode_context`, D = d + 1; no residual, bias, LayerNorm or MLP.
 
     With small scores, ``softmax_i(s_i) ~ (1 + s_i - s_bar)/n``; for ``W_K^T W_Q = omega I`` on the
     row block and value ``mu u_i`` this is ``(mu omega / n) sum_i u_i a_i^T a_q``: exactly one GD step
     from x_0 = 0 (:func:`gd_one_step_from_zero`) with ``eta = n mu omega``, to first order in omega.
     """
 
-    def __init__(self, d: int, seed: int = 0):
-        super().__init__()
-        D = d + 1
-        self.D = D
-        g = make_generator(seed)
-        bound = 1.0 / math.sqrt(D)
-
-        def U(*shape):
-            return torch.nn.Parameter((torch.rand(*shape, generator=g) * 2 - 1) * bound)
-
-        self.W_Q, self.W_K, self.W_V, self.W_O = U(D, D), U(D, D), U(D, D), U(1, D)
-
-    def forward(self, context: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-        q = queries @ self.W_Q.T  # (B,Q,D)
-        k = context @ self.W_K.T  # (B,n,D)
-        v = context @ (self.W_O @ self.W_V).T  # (B,n,1)
-        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.D), dim=-1)  # (B,Q,n)
-        return (att @ v).squeeze(-1)
+    def __init__(self, model, k: int = 0):
+        self.model, self.k = model, k
 
     def predict(self, A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, with_sensitivity: bool = False):
-        """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq``; with ``with_sensitivity`` also
-        ``d y_hat / d a_q`` (B,Q,d) by autograd. Inputs are cast to the layer's dtype."""
-        p = next(self.parameters())
-        A, b, Aq = A.to(p), b.to(p), Aq.to(p)
-        ctx = encode_context(A, b)
-        if not with_sensitivity:
-            with torch.no_grad():
-                return self(ctx, encode_queries(Aq))
-        with torch.enable_grad():
-            Aq = Aq.detach().clone().requires_grad_(True)
-            y = self(ctx, encode_queries(Aq))
-            (s,) = torch.autograd.grad(y.sum(), Aq)
-        return y.detach(), s
+        """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq`` (B,Q,d); with ``with_sensitivity``
+        also ``d y_hat / d a_q`` (B,Q,d) by autograd. Inputs are cast to the model's dtype/device."""
+        p = self.model.flat
+        Z = encode_context(A, b).to(p)
+        ys, ss = [], []
+        for q in range(Aq.shape[1]):  # the engine reads one query per prompt
+            a = Aq[:, q].to(p).detach().requires_grad_(with_sensitivity)
+            with torch.set_grad_enabled(with_sensitivity):
+                y = self.model.predict_tokens(Z, torch.cat([a, torch.ones_like(a[:, :1])], -1))[:, self.k]
+            if with_sensitivity:
+                ss.append(torch.autograd.grad(y.sum(), a)[0])
+            ys.append(y.detach())
+        y = torch.stack(ys, 1)
+        return (y, torch.stack(ss, 1)) if with_sensitivity else y
 
 
 def gd_one_step_from_zero(A: torch.Tensor, b: torch.Tensor, eta: float = 1.0) -> torch.Tensor:
@@ -972,42 +954,56 @@ def fit_gd_eta(tasks: dict) -> float:
     return float((g * tasks["yq"]).sum() / (g * g).sum())
 
 
-def train_icl_layer(cfg: ICLConfig, steps: int = 3000, batch: int = 128, lr: float = 1e-3, seed: int = 0,
-                    device="cpu", log_every: int = 50, time_limit: float | None = None) -> dict:
-    """Train :class:`SoftmaxAttentionLayer` on fresh tasks every step (online), Adam, MSE on y_q.
+def train_icl_layer(cfg: ICLConfig, steps: int = 3000, batch: int = 512, lr: float = 3e-3, seed: int = 0,
+                    restarts: int = 8, device="cpu", log_every: int = 50, val_tasks: int = 2000) -> dict:
+    """Train ``restarts`` independent inits of a one-head softmax attention layer at once (one
+    ensemble of the training engine, each member its own Adam), online: ``batch`` fresh tasks per
+    step with one query each, squared error to ``y_q``, float32.
 
-    float32. Stops with an error naming the step and the loss if the loss is not finite.
-    ``time_limit`` (seconds) stops early and says so in the result. Returns ``{"layer", "init"
-    (the layer at initialisation, for reference), "steps", "loss" (logged), "seconds",
-    "stopped_early"}``.
+    Training has a plateau at the uniform baseline's error whose length depends on the init, so
+    the member with the lowest MSE on ``val_tasks`` fresh validation tasks is the trained layer
+    (a rule fixed before any result). Returns ``{"layer", "init" (that member before training),
+    "member", "val_mse" (every member), "val_mse_uniform", "escaped" (members whose validation MSE
+    is below half the uniform baseline's), "steps", "step", "loss" (the chosen member's logged
+    batch MSE), "loss_all" (every member's), "seconds"}``.
     """
+    from .models import SoftmaxAttention
+    from .train import cpu_threads
+
+    for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("restarts", restarts, 1), ("val_tasks", val_tasks, 1)):
+        if int(v) != v or v < lo:
+            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
     dev = resolve_device(device)
-    torch.manual_seed(seed)
-    layer = SoftmaxAttentionLayer(cfg.d, seed=seed).to(dev)
-    init = SoftmaxAttentionLayer(cfg.d, seed=seed).to(dev)
-    opt = torch.optim.Adam(layer.parameters(), lr=lr)
+    cfg1 = ICLConfig(n=cfg.n, d=cfg.d, signal=cfg.signal, queries=1)
+    seeds = [1000 * seed + i for i in range(restarts)]
+    model = SoftmaxAttention(cfg.d, heads=[1] * restarts, seeds=seeds, device=dev)
+    init = SoftmaxAttention(cfg.d, heads=[1] * restarts, seeds=seeds, device=dev)
+    opt = torch.optim.Adam([model.flat], lr=lr)
     g = make_generator(seed + 1)
     hist_step, hist_loss = [], []
     t0 = time.perf_counter()
-    stopped = False
-    step = 0
-    for step in range(1, int(steps) + 1):
-        t = sample_icl_tasks(cfg, batch, g, dev, torch.float32)
-        pred = layer(encode_context(t["A"], t["b"]), encode_queries(t["Aq"]))
-        loss_ = ((pred - t["yq"]) ** 2).mean()
-        if not torch.isfinite(loss_):
-            raise FloatingPointError(f"training diverged at step {step}: loss {float(loss_)}")
-        opt.zero_grad()
-        loss_.backward()
-        opt.step()
-        if step % log_every == 0 or step == 1:
-            hist_step.append(step)
-            hist_loss.append(float(loss_.detach()))
-        if time_limit is not None and time.perf_counter() - t0 > time_limit:
-            stopped = True
-            break
-    return {"layer": layer, "init": init, "steps": step, "step": hist_step, "loss": hist_loss,
-            "seconds": time.perf_counter() - t0, "stopped_early": stopped}
+    with cpu_threads(dev):
+        for step in range(1, int(steps) + 1):
+            t = sample_icl_tasks(cfg1, batch, g, dev, torch.float32)
+            q1 = torch.cat([t["Aq"][:, 0], torch.ones_like(t["yq"])], -1)
+            loss_ = model.loss_and_grad(encode_context(t["A"], t["b"]), q1, t["yq"][:, 0])
+            if not torch.isfinite(loss_).all():
+                raise FloatingPointError(f"training diverged at step {step}: losses {loss_.tolist()}")
+            opt.step()
+            if step % log_every == 0 or step == 1:
+                hist_step.append(step)
+                hist_loss.append(loss_.tolist())
+    seconds = time.perf_counter() - t0
+    v = sample_icl_tasks(cfg1, val_tasks, make_generator(30_000 + seed), dev, torch.float32)
+    with torch.no_grad():
+        pv = model.predict_tokens(encode_context(v["A"], v["b"]), torch.cat([v["Aq"][:, 0], torch.ones_like(v["yq"])], -1))
+    val = ((pv - v["yq"]) ** 2).mean(0).tolist()
+    uniform = float((v["yq"] ** 2).mean())
+    best = min(range(restarts), key=val.__getitem__)
+    return {"layer": AttentionMember(model, best), "init": AttentionMember(init, best), "member": best,
+            "val_mse": val, "val_mse_uniform": uniform, "escaped": sum(x < 0.5 * uniform for x in val),
+            "steps": int(steps), "step": hist_step, "loss": [row[best] for row in hist_loss],
+            "loss_all": hist_loss, "seconds": seconds}
 
 
 def von_oswald_metrics(pred: torch.Tensor, sens: torch.Tensor, pred_ref: torch.Tensor, sens_ref: torch.Tensor) -> dict:
@@ -1050,7 +1046,6 @@ def icl_comparison(cfg: ICLConfig, trained: dict, eval_tasks: int = 1000, fit_ta
     models = {"layer": trained["layer"], "init": trained["init"]}
     preds = {"gd": (y_gd, s_gd), "uniform": (torch.zeros_like(y_gd), torch.zeros_like(s_gd))}
     for name, m in models.items():
-        m.eval()
         ys, ss = [], []
         for i in range(0, eval_tasks, 250):
             sl = slice(i, i + 250)

@@ -257,24 +257,28 @@ def test_gd_one_step_from_zero_formula():
     assert torch.allclose(y, (t["Aq"] @ x1.unsqueeze(-1)).squeeze(-1))
 
 
-def test_attention_layer_shapes_and_seeds():
+def _member(d, seed, dtype=torch.float32):
+    from iclnb.models import SoftmaxAttention
+
+    return sr.AttentionMember(SoftmaxAttention(d, heads=[1], seeds=[seed], device="cpu", dtype=dtype))
+
+
+def test_attention_member_shapes_seeds_and_sensitivity():
     cfg = sr.ICLConfig(n=10, d=3, queries=4)
-    t = sr.sample_icl_tasks(cfg, 2, 0, dtype=torch.float32)
-    l1, l2, l3 = sr.SoftmaxAttentionLayer(3, seed=0), sr.SoftmaxAttentionLayer(3, seed=0), sr.SoftmaxAttentionLayer(3, seed=1)
-    y1 = l1(sr.encode_context(t["A"], t["b"]), sr.encode_queries(t["Aq"]))
+    t = sr.sample_icl_tasks(cfg, 2, 0, dtype=torch.float64)
+    l1, l2, l3 = _member(3, 0, torch.float64), _member(3, 0, torch.float64), _member(3, 1, torch.float64)
+    y1 = l1.predict(t["A"], t["b"], t["Aq"])
     assert y1.shape == (2, 4)
-    assert torch.equal(y1, l2(sr.encode_context(t["A"], t["b"]), sr.encode_queries(t["Aq"])))
-    assert not torch.equal(l1.W_Q, l3.W_Q)
-    bound = 1 / math.sqrt(4)
-    assert all(p.abs().max() <= bound for p in l1.parameters())
+    assert torch.equal(y1, l2.predict(t["A"], t["b"], t["Aq"]))
+    assert not torch.equal(y1, l3.predict(t["A"], t["b"], t["Aq"]))
     y, s = l1.predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
-    assert y.shape == (2, 4) and s.shape == (2, 4, 3)
-    # sensitivity by autograd matches a finite difference
+    assert y.shape == (2, 4) and s.shape == (2, 4, 3) and torch.allclose(y, y1)
+    # sensitivity by autograd matches a central finite difference
     e = torch.zeros_like(t["Aq"])
-    e[0, 1, 2] = 1e-3
+    e[0, 1, 2] = 1e-5
     yp = l1.predict(t["A"], t["b"], t["Aq"] + e)
     ym = l1.predict(t["A"], t["b"], t["Aq"] - e)
-    assert abs(float((yp - ym)[0, 1] / 2e-3) - float(s[0, 1, 2])) < 1e-3
+    assert abs(float((yp - ym)[0, 1] / 2e-5) - float(s[0, 1, 2])) < 1e-6
 
 
 def test_small_omega_layer_is_one_gd_step():
@@ -282,16 +286,17 @@ def test_small_omega_layer_is_one_gd_step():
     n, d = 50, 4
     cfg = sr.ICLConfig(n=n, d=d, queries=3)
     t = sr.sample_icl_tasks(cfg, 4, 2)
-    layer = sr.SoftmaxAttentionLayer(d, seed=0).double()
+    layer = _member(d, 0, torch.float64)
+    WQ, WK, WV, WO = layer.model.weights
     D = d + 1
     omega, mu = 1e-4, 10.0
     with torch.no_grad():
-        layer.W_Q.copy_(torch.diag(torch.tensor([omega * math.sqrt(D)] * d + [0.0], dtype=torch.float64)))
-        layer.W_K.copy_(torch.eye(D, dtype=torch.float64))
-        layer.W_V.zero_()
-        layer.W_V[d, d] = 1.0
-        layer.W_O.zero_()
-        layer.W_O[0, d] = mu
+        WQ[0] = torch.diag(torch.tensor([omega * math.sqrt(D)] * d + [0.0], dtype=torch.float64))
+        WK[0] = torch.eye(D, dtype=torch.float64)
+        WV.zero_()
+        WV[0, d, d] = 1.0
+        WO.zero_()
+        WO[0, d] = mu
     y_layer = layer.predict(t["A"], t["b"], t["Aq"])
     y_gd, _ = sr.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
     rel = ((y_layer - y_gd).abs().max() / y_gd.abs().max()).item()
@@ -300,9 +305,12 @@ def test_small_omega_layer_is_one_gd_step():
 
 def test_train_and_compare_tiny():
     cfg = sr.ICLConfig(n=10, d=3, queries=2)
-    tr = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, log_every=2)
-    tr2 = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, log_every=2)
-    assert tr["loss"] == tr2["loss"] and tr["steps"] == 5
+    tr = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, restarts=3, log_every=2, val_tasks=50)
+    tr2 = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, restarts=3, log_every=2, val_tasks=50)
+    assert tr["loss"] == tr2["loss"] and tr["steps"] == 5 and len(tr["val_mse"]) == 3
+    assert tr["val_mse"][tr["member"]] == min(tr["val_mse"]) and 0 <= tr["escaped"] <= 3
+    with pytest.raises(ValueError, match="restarts"):
+        sr.train_icl_layer(cfg, steps=5, restarts=0)
     cmp = sr.icl_comparison(cfg, tr, eval_tasks=20, fit_tasks=20)
     assert cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
     assert cmp["uniform"]["cosine"] == 0.0
