@@ -46,6 +46,7 @@ does. The bounds of Theorems 8.1/8.2 do not depend on the sign.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ __all__ = [
     "data_shift_experiment", "adversarial_search", "adversarial_grid", "validate_parameters", "weight_to_data_shift", "identity_check",
     "lemma_audit", "lemma_audit_experiment", "LEMMAS", "sign_slip_demo",
     # in-context learning
-    "ICLConfig", "sample_icl_tasks", "encode_context", "encode_queries", "AttentionMember",
+    "ICLConfig", "sample_icl_tasks", "encode_context", "query_input", "AttentionMember",
     "gd_one_step_from_zero", "gd_predict", "fit_gd_eta", "train_icl_layer", "von_oswald_metrics",
     "icl_comparison", "ICL_THRESHOLDS",
 ]
@@ -894,9 +895,10 @@ def encode_context(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([A, (n * b - 1.0).unsqueeze(-1)], dim=-1)
 
 
-def encode_queries(Aq: torch.Tensor) -> torch.Tensor:
-    """Query tokens ``[a_q; 0]`` (B, Q, d+1)."""
-    return torch.cat([Aq, torch.zeros_like(Aq[..., :1])], dim=-1)
+def query_input(aq: torch.Tensor) -> torch.Tensor:
+    """``[a_q; 1]`` (B, d+1) for one query per task: the engine's query input, whose last entry
+    switches on the value read of the query token ``[a_q; 0]`` (see :class:`iclnb.models.SoftmaxAttention`)."""
+    return torch.cat([aq, torch.ones_like(aq[..., :1])], dim=-1)
 
 
 class AttentionMember:
@@ -922,7 +924,7 @@ class AttentionMember:
         for q in range(Aq.shape[1]):  # the engine reads one query per prompt
             a = Aq[:, q].to(p).detach().requires_grad_(with_sensitivity)
             with torch.set_grad_enabled(with_sensitivity):
-                y = self.model.predict_tokens(Z, torch.cat([a, torch.ones_like(a[:, :1])], -1))[:, self.k]
+                y = self.model.predict_tokens(Z, query_input(a))[:, self.k]
             if with_sensitivity:
                 ss.append(torch.autograd.grad(y.sum(), a)[0])
             ys.append(y.detach())
@@ -968,16 +970,16 @@ def train_icl_layer(cfg: ICLConfig, steps: int = 3000, batch: int = 512, lr: flo
     batch MSE), "loss_all" (every member's), "seconds"}``.
     """
     from .models import SoftmaxAttention
+    from .tasks import check_int
     from .train import cpu_threads
 
-    for name, v, lo in (("steps", steps, 1), ("batch", batch, 1), ("restarts", restarts, 1), ("val_tasks", val_tasks, 1)):
-        if int(v) != v or v < lo:
-            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+    for name, v in (("steps", steps), ("batch", batch), ("restarts", restarts), ("val_tasks", val_tasks)):
+        check_int(name, v, 1)
     dev = resolve_device(device)
     cfg1 = ICLConfig(n=cfg.n, d=cfg.d, signal=cfg.signal, queries=1)
     seeds = [1000 * seed + i for i in range(restarts)]
     model = SoftmaxAttention(cfg.d, heads=[1] * restarts, seeds=seeds, device=dev)
-    init = SoftmaxAttention(cfg.d, heads=[1] * restarts, seeds=seeds, device=dev)
+    init = copy.deepcopy(model)
     opt = torch.optim.Adam([model.flat], lr=lr)
     g = make_generator(seed + 1)
     hist_step, hist_loss = [], []
@@ -985,8 +987,7 @@ def train_icl_layer(cfg: ICLConfig, steps: int = 3000, batch: int = 512, lr: flo
     with cpu_threads(dev):
         for step in range(1, int(steps) + 1):
             t = sample_icl_tasks(cfg1, batch, g, dev, torch.float32)
-            q1 = torch.cat([t["Aq"][:, 0], torch.ones_like(t["yq"])], -1)
-            loss_ = model.loss_and_grad(encode_context(t["A"], t["b"]), q1, t["yq"][:, 0])
+            loss_ = model.loss_and_grad(encode_context(t["A"], t["b"]), query_input(t["Aq"][:, 0]), t["yq"][:, 0])
             if not torch.isfinite(loss_).all():
                 raise FloatingPointError(f"training diverged at step {step}: losses {loss_.tolist()}")
             opt.step()
@@ -996,7 +997,7 @@ def train_icl_layer(cfg: ICLConfig, steps: int = 3000, batch: int = 512, lr: flo
     seconds = time.perf_counter() - t0
     v = sample_icl_tasks(cfg1, val_tasks, make_generator(30_000 + seed), dev, torch.float32)
     with torch.no_grad():
-        pv = model.predict_tokens(encode_context(v["A"], v["b"]), torch.cat([v["Aq"][:, 0], torch.ones_like(v["yq"])], -1))
+        pv = model.predict_tokens(encode_context(v["A"], v["b"]), query_input(v["Aq"][:, 0]))
     val = ((pv - v["yq"]) ** 2).mean(0).tolist()
     uniform = float((v["yq"] ** 2).mean())
     best = min(range(restarts), key=val.__getitem__)

@@ -238,8 +238,8 @@ def test_icl_tasks_and_encoding_shapes():
     ctx = sr.encode_context(t["A"], t["b"])
     assert ctx.shape == (5, 12, 5)
     assert torch.allclose(ctx[..., -1].sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)
-    q = sr.encode_queries(t["Aq"])
-    assert q.shape == (5, 3, 5) and (q[..., -1] == 0).all()
+    q = sr.query_input(t["Aq"][:, 0])
+    assert q.shape == (5, 5) and (q[:, -1] == 1).all() and torch.equal(q[:, :4], t["Aq"][:, 0])
     t2 = sr.sample_icl_tasks(cfg, 5, 0)
     assert torch.equal(t["A"], t2["A"])
     with pytest.raises(ValueError, match="signal"):
