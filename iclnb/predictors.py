@@ -26,6 +26,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from .tasks import check_int, check_real
+
 __all__ = [
     "gd_predict",
     "gd_optimal_step",
@@ -46,12 +48,9 @@ __all__ = [
 
 
 def _check(n: int, d: int, sigma2: float) -> None:
-    if int(n) < 1:
-        raise ValueError(f"n={n!r}: the context length must be >= 1")
-    if int(d) < 1:
-        raise ValueError(f"d={d!r}: the dimension must be >= 1")
-    if sigma2 < 0:
-        raise ValueError(f"sigma2={sigma2!r}: the noise variance must be >= 0")
+    check_int("n", n, 1)
+    check_int("d", d, 1)
+    check_real("sigma2", sigma2)
 
 
 # --------------------------------------------------------------------------- vanilla GD
