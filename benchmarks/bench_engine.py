@@ -30,45 +30,24 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
-from torch import nn
 
-from iclnb.models import resolve_device
-from iclnb.train import TrainConfig, keep_freed_memory, train
+from iclnb.train import TrainConfig, train
+from iclnb.util import keep_freed_memory, resolve_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from naive import NaiveAttention  # noqa: E402  (the tests' naive reference: one copy)
 
 D_, N_, B_, SIGMA2, LR, HEADS = 5, 40, 256, 0.1, 1e-3, (1, 2, 3, 4, 8)
 
 
-class NaiveAttention(nn.Module):
-    """Multi-head attention in the usual form; ``query_only`` computes only the query row."""
-
-    def __init__(self, D, H, query_only):
-        super().__init__()
-        self.D, self.H, self.query_only = D, H, query_only
-        self.q, self.k, self.v = (nn.Linear(D, H * D, bias=False) for _ in range(3))
-        self.o = nn.Linear(H * D, 1, bias=False)
-
-    def forward(self, Z, zq):
-        B, n, D = Z.shape
-        H = self.H
-        if self.query_only:  # the paper's MultiHeadAttention(z_q, z)
-            q = self.q(zq).view(B, 1, H, D).transpose(1, 2)
-            k, v = (f(Z).view(B, n, H, D).transpose(1, 2) for f in (self.k, self.v))
-            att = (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1)
-            return self.o((att @ v).transpose(1, 2).reshape(B, H * D))[:, 0]
-        seq = torch.cat([Z, zq.unsqueeze(1)], 1)
-        q, k, v = (f(seq).view(B, n + 1, H, D).transpose(1, 2) for f in (self.q, self.k, self.v))
-        mask = torch.ones(n + 1, n + 1, dtype=torch.bool, device=Z.device).tril(-1)
-        mask[0, 0] = True  # the first token has no predecessor
-        att = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~mask, float("-inf")).softmax(-1)
-        return self.o((att @ v).transpose(1, 2).reshape(B, n + 1, H * D))[:, -1, 0]
-
-
 def naive_runner(H, query_only, device):
     torch.manual_seed(0)
-    model = NaiveAttention(D_ + 1, H, query_only).to(device)
+    model = NaiveAttention(D_ + 1, H, query_only=query_only).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
 
     def run(steps):
@@ -77,8 +56,7 @@ def naive_runner(H, query_only, device):
             beta = torch.randn(B_, D_, 1, device=device) / math.sqrt(D_)
             y = (X @ beta).squeeze(-1) + math.sqrt(SIGMA2) * torch.randn(B_, N_ + 1, device=device)
             Z = torch.cat([X[:, :N_], y[:, :N_, None]], -1)
-            zq = torch.cat([X[:, N_], torch.zeros(B_, 1, device=device)], -1)
-            loss = ((model(Z, zq) - y[:, N_]) ** 2).mean()
+            loss = ((model(Z, X[:, N_]) - y[:, N_]) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -88,7 +66,8 @@ def naive_runner(H, query_only, device):
 
 def engine_runner(heads, device):
     def run(steps):
-        train(TrainConfig(heads=heads, steps=steps, device=str(device)), progress=False, cache=False)
+        train(TrainConfig(heads=heads, steps=steps, task_params={"sigma2": SIGMA2}, device=str(device)),
+              progress=False, cache=False)
 
     return run
 

@@ -5,4 +5,4 @@ circuit extraction, closed-form predictors, chapter 1's softmax-regression objec
 the chapter runner.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

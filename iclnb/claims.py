@@ -1,9 +1,18 @@
 """Claims: every statement a chapter makes is a number checked against a threshold.
 
-A chapter creates one :class:`Claims`, records each claim with :meth:`Claims.check` (or a
-reported-only number with :meth:`Claims.report`), and ends with :meth:`Claims.finish`, which
-shows the claims table on the page, writes the claims as JSON beside the executed notebook and,
-when ``enforce`` is on (the default parameters), raises :class:`ClaimsFailed` if any claim failed.
+A chapter creates one :class:`Claims` and records each claim under a stable id (tests and
+sweeps match on ids, never on wording) with one of three kinds:
+
+* :meth:`Claims.check`: a claim of the paper the chapter reproduces, value <op> threshold;
+  enforced (the book build fails when it does not hold at the default parameters);
+* :meth:`Claims.finding`: a claim of the paper that the chapter found **not** to reproduce (or
+  that only holds at a scale the run does not reach): the threshold is kept and evaluated, the
+  page shows "not reproduced" when it fails, and it is never enforced;
+* :meth:`Claims.report`: a number reported without a threshold.
+
+:meth:`Claims.finish` shows the claims table on the page, writes the claims as JSON beside the
+executed notebook and, when ``enforce`` is on (the default parameters), raises
+:class:`ClaimsFailed` if a checked claim failed.
 
 The JSON goes to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else to
 ``<chapter>.claims.json`` in the working directory.
@@ -15,6 +24,7 @@ import html
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,17 +60,25 @@ def _fmt(x) -> str:
     return str(x)
 
 
+KINDS = ("check", "finding", "report")
+ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
 @dataclass
 class Claim:
+    id: str  # stable identifier, unique in its chapter (lower case, digits, - _ .)
     text: str  # the statement, in words
     value: object  # the measured number (or bool)
     op: str | None  # comparison, one of OPS; None for a reported-only number
     threshold: object  # the number the value is compared with (a (lo, hi) pair for "in")
-    ref: str = ""  # where the seed makes the claim (e.g. "Thm 8.1", "Fig. 3")
+    ref: str = ""  # where the paper makes the claim (e.g. "Thm 8.1", "Fig. 3")
     passed: bool | None = None  # None for reported-only numbers
+    kind: str = "check"  # one of KINDS
 
     @property
     def status(self) -> str:
+        if self.kind == "finding":
+            return "reproduced" if self.passed else "not reproduced"
         return {True: "pass", False: "FAIL", None: "reported"}[self.passed]
 
     @property
@@ -93,11 +111,15 @@ class Claims:
     enforce: bool = True
     claims: list[Claim] = field(default_factory=list)
 
-    def check(self, text: str, value, op: str, threshold, ref: str = "") -> bool:
-        """Record a claim ``value <op> threshold`` and return whether it holds.
+    def _add(self, claim: Claim) -> Claim:
+        if not (isinstance(claim.id, str) and ID.match(claim.id)):
+            raise ValueError(f"claim id={claim.id!r} is invalid; allowed: lower case letters, digits, - _ .")
+        if any(c.id == claim.id for c in self.claims):
+            raise ValueError(f"claim id={claim.id!r} is used twice in {self.chapter}")
+        self.claims.append(claim)
+        return claim
 
-        A non-finite value fails every comparison.
-        """
+    def _compare(self, cid, text, value, op, threshold, ref, kind) -> bool:
         if op not in OPS:
             raise ValueError(f"op={op!r} is not a comparison; use one of {sorted(OPS)}")
         value, threshold = _plain(value), _plain(threshold)
@@ -108,21 +130,35 @@ class Claims:
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             passed = bool(OPS[op](value, threshold))
         else:
-            passed = False
-        self.claims.append(Claim(text, value, op, threshold, ref, passed))
-        return passed
+            passed = False  # a non-finite value fails every comparison
+        return self._add(Claim(cid, text, value, op, threshold, ref, passed, kind)).passed
 
-    def report(self, text: str, value, ref: str = "") -> None:
+    def check(self, cid: str, text: str, value, op: str, threshold, ref: str = "") -> bool:
+        """Record the claim ``value <op> threshold`` under id ``cid``; return whether it holds."""
+        return self._compare(cid, text, value, op, threshold, ref, "check")
+
+    def finding(self, cid: str, text: str, value, op: str, threshold, ref: str = "") -> bool:
+        """Record a claim of the paper that does not reproduce here: evaluated against its kept
+        threshold, shown as "not reproduced" (or "reproduced"), never enforced."""
+        return self._compare(cid, text, value, op, threshold, ref, "finding")
+
+    def report(self, cid: str, text: str, value, ref: str = "") -> None:
         """Record a number the chapter reports without a pass/fail threshold."""
-        self.claims.append(Claim(text, _plain(value), None, None, ref, None))
+        self._add(Claim(cid, text, _plain(value), None, None, ref, None, "report"))
+
+    def __getitem__(self, cid: str) -> Claim:
+        for c in self.claims:
+            if c.id == cid:
+                return c
+        raise KeyError(f"no claim {cid!r} in {self.chapter}")
 
     @property
     def failed(self) -> list[Claim]:
-        return [c for c in self.claims if c.passed is False]
+        return [c for c in self.claims if c.passed is False and c.kind == "check"]
 
     @property
     def n_passed(self) -> int:
-        return sum(c.passed is True for c in self.claims)
+        return sum(c.passed is True and c.kind == "check" for c in self.claims)
 
     def to_dict(self) -> dict:
         return {
@@ -130,6 +166,7 @@ class Claims:
             "enforced": self.enforce,
             "passed": self.n_passed,
             "failed": len(self.failed),
+            "not_reproduced": sum(c.kind == "finding" and not c.passed for c in self.claims),
             "claims": [asdict(c) | {"status": c.status, "condition": c.condition} for c in self.claims],
         }
 
@@ -165,16 +202,20 @@ class ClaimsTable:
     def __init__(self, rows: list[dict]):
         self.rows = rows
 
-    def _cells(self, r: dict) -> list[str]:
-        return [r["text"], _fmt(r["value"]), r["condition"], r["status"], r["ref"]]
+    HEADERS = ("id", "claim", "measured", "threshold", "result", "paper")
+
+    @staticmethod
+    def _cells(r: dict) -> list[str]:
+        return [r["id"], r["text"], _fmt(r["value"]), r["condition"], r["status"], r["ref"]]
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("claim", "measured", "threshold", "result", "seed"))
+        head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
         body = []
         for r in self.rows:
-            color = {"pass": "#1a7f37", "FAIL": "#cf222e"}.get(r["status"], "#57606a")
+            color = {"pass": "#1a7f37", "FAIL": "#cf222e", "not reproduced": "#9a6700"}.get(r["status"], "#57606a")
             cells = [html.escape(c) for c in self._cells(r)]
-            cells[3] = f'<b style="color:{color}">{cells[3]}</b>'
+            cells[0] = f"<code>{cells[0]}</code>"
+            cells[4] = f'<b style="color:{color}">{cells[4]}</b>'
             body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         return f'<table class="iclnb-claims"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 

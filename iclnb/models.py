@@ -1,68 +1,60 @@
-"""One-layer multi-head attention for in-context regression, as ensembles of K models.
+"""Ensembles of K small models over one seam, and a registry of them (``MODELS``).
 
-Token z_i = [x_i; y_i] in R^D (D = d+1), query z_q = [x_q; 0]. Head h has full-width W_Q,h,
-W_K,h, W_V,h (D x D) and an output row W_O,h (1 x D); its circuits are
-KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
-OV_h = (W_O,h W_V,h)^T. The loss only reads the query's output, so the models are computed
-in folded form: u_h = KQ_h z_q (only the first d columns of KQ_h, z_q ends in 0), scores
-s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no full attention matrix is ever formed.
+:class:`Ensemble` is the seam. A model declares its parameter layout (``layout``), fills its
+init (``init_member``) and writes a forward, ``predict(Z, xq) -> (K, B)`` (or (K, B, T) for T
+outputs), from context tokens ``Z`` (B, n, D) shared by all members, or (K, B, n, D) when each
+member draws its own prompts, and query covariates ``xq`` (B, d) or (K, B, d). That is enough
+to train it: ``loss_and_grad`` falls back to autograd. A hand-derived backward is an
+optimisation a model may add where a benchmark shows it pays (the attention models below, for
+the shared stream). The model also declares what the training history logs (``snapshot`` and
+``member_log``). All parameters live in one flat buffer ``flat``, so Adam on it is K
+independent Adams (it is elementwise) and members never interact.
 
-Ensembles: the heads of all K members are packed along one head axis (M = sum of the members'
-head counts, no padding); a 0/1 matrix sums head outputs into member predictions. All
-parameters live in one flat buffer ``flat`` = [W_Q (M,D,D) | W_K (M,D,D) | W_V (M,D,D) | W_O (M,D)],
-so Adam on ``flat`` is K independent Adams (it is elementwise), and members never interact.
+Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
+another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS``) and ``linear``
+(linear attention). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
+are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
+OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
+along one head axis (M = sum of the members' head counts, no padding).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
-from .tasks import check, check_int, is_int
+from .util import check, check_choice, check_int, check_ints, is_int, resolve_device, resolve_dtype
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def resolve_device(device="auto") -> torch.device:
-    """``"auto"`` (or None) -> CUDA if available, else CPU; otherwise a valid cpu/cuda device."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    allowed = "'auto', 'cpu', 'cuda' or 'cuda:N' (an available GPU)"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        check("device", device, False, allowed)
-    ok = dev.type == "cpu" or (
-        dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
-    )
-    check("device", device, ok, allowed)
-    return dev
+MODELS: dict[str, type] = {}
 
 
-def resolve_dtype(dtype) -> torch.dtype:
-    """A torch dtype from ``torch.float32``/``torch.float64`` or their names."""
-    dt = DTYPES.get(dtype, dtype)
-    check("dtype", dtype, dt in DTYPES.values(), "'float32' or 'float64' (or the torch dtypes)")
-    return dt
+def register(cls):
+    """Class decorator: add an :class:`Ensemble` subclass to ``MODELS`` under its ``name``."""
+    MODELS[cls.name] = cls
+    return cls
 
 
-class _AttentionEnsemble(nn.Module):
-    """Shared machinery: parameters, init, circuits, the folded forward and hand-derived gradients.
+class Ensemble(nn.Module):
+    """K models with parameters in one flat buffer (the seam every model implements).
 
-    Subclasses define the attention kernel: ``_attend(S, V) -> (a1, a2, norm)`` with head output
-    yh = norm * sum_i a1_i v_i and a2 what the backward contracts with Z, the scores' unit
-    ``score_unit`` and whether the kernel is ``centred`` (normalised by the weights' sum).
+    ``heads``: an int or a list, one member per entry (models without heads take 1s);
+    ``outputs``: label slots T per token (D = d + T); ``seeds``: None (torch's global RNG), an
+    int (every member) or a list (one per member): member k's init depends only on its seed.
     """
 
-    def __init__(self, d: int, heads=1, seeds=None, device="auto", dtype=torch.float32):
+    name: ClassVar[str] = ""
+
+    def __init__(self, d: int, heads=1, outputs: int = 1, seeds=None, device="auto", dtype=torch.float32):
         super().__init__()
         check_int("d", d, 1)
-        heads = [heads] if is_int(heads) else list(heads) if isinstance(heads, (list, tuple)) else heads
-        check("heads", heads, isinstance(heads, list) and len(heads) > 0 and all(is_int(h) and h >= 1 for h in heads),
-              "an integer >= 1 or a non-empty list of them")
+        check_int("outputs", outputs, 1)
+        heads = check_ints("heads", [heads] if is_int(heads) else heads, 1)
         K = len(heads)
         if seeds is None:  # like nn.Linear: drawn from torch's global RNG (honours torch.manual_seed)
             seeds = torch.randint(0, 2**62, (K,)).tolist()
@@ -71,154 +63,299 @@ class _AttentionEnsemble(nn.Module):
         check("seeds", seeds, isinstance(seeds, (list, tuple)) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds),
               f"None, an integer >= 0 or a list of {K} of them (one per member)")
         device, dtype = resolve_device(device), resolve_dtype(dtype)
-        d, heads, seeds = int(d), [int(h) for h in heads], [int(s) for s in seeds]
-        self.d, self.D, self.K, self.heads, self.seeds = d, d + 1, K, heads, seeds
-        self.M = M = sum(heads)
-        D = self.D
-        self._sizes = [M * D * D] * 3 + [M * D]
+        self.d, self.T, self.D = int(d), int(outputs), int(d) + int(outputs)
+        self.heads, self.K, self.seeds = heads, K, [int(s) for s in seeds]
         self.offsets = [0, *itertools.accumulate(heads)]  # member k owns heads offsets[k]:offsets[k+1]
-
-        # Init (nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in = D for Q, K, V
-        # and H*D for the output projection). Each member draws from its own CPU generator in
-        # float64, head by head, so head h of a member depends only on (seed, h): members with
-        # the same seed share their heads' draws across head counts (common random numbers) and
-        # the init is the same on every device and dtype up to rounding.
+        self.M = self.offsets[-1]
+        self._layout = dict(self.layout())
+        self._sizes = [math.prod(s) for s in self._layout.values()]
         flat = torch.empty(sum(self._sizes), dtype=torch.float64)
-        WQ, WK, WV, WO = self._split(flat)
-        for k, (H, seed) in enumerate(zip(heads, self.seeds)):
-            gen = torch.Generator().manual_seed(seed)
-            u = torch.rand(H, 3 * D * D + D, generator=gen, dtype=torch.float64) * 2 - 1
-            sl = slice(self.offsets[k], self.offsets[k + 1])
-            qkv = u[:, : 3 * D * D].view(H, 3, D, D) / math.sqrt(D)
-            WQ[sl], WK[sl], WV[sl] = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-            WO[sl] = u[:, 3 * D * D :] / math.sqrt(H * D)
+        views = self.params(flat)
+        for k, seed in enumerate(self.seeds):  # float64 on the CPU: the same init on every device
+            self.init_member(k, torch.Generator().manual_seed(seed), views)
         self.flat = nn.Parameter(flat.to(device=device, dtype=dtype))
         member = torch.repeat_interleave(torch.arange(K), torch.tensor(heads))
+        self.register_buffer("head_member", member.to(device), persistent=False)
         self.register_buffer("sel", nn.functional.one_hot(member, K).to(device=device, dtype=dtype), persistent=False)
 
-    # ---- parameters -------------------------------------------------------------------------
-    def _split(self, flat):
-        M, D = self.M, self.D
-        WQ, WK, WV, WO = flat.split(self._sizes)
-        return WQ.view(M, D, D), WK.view(M, D, D), WV.view(M, D, D), WO.view(M, D)
+    # ---- what a model declares ----------------------------------------------------------------
+    def layout(self) -> list[tuple[str, tuple]]:
+        """(name, shape) of every parameter block, in the order of ``flat``."""
+        raise NotImplementedError
+
+    def init_member(self, k: int, gen: torch.Generator, views: dict) -> None:
+        """Write member k's initial values into the float64 ``views``, drawing from ``gen``."""
+        raise NotImplementedError
+
+    def predict(self, Z: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+        """Predictions (K, B) (or (K, B, T)) of every member; differentiable."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict:
+        """Tensors the training history logs (packed over members or heads)."""
+        return {}
+
+    def member_log(self, logs: dict, k: int) -> dict:
+        """Member k's part of logged snapshots ``logs[name]`` (T_log, packed...), numpy."""
+        return {}
+
+    # ---- shared machinery -----------------------------------------------------------------------
+    def params(self, flat=None) -> dict:
+        """Views of ``flat`` (default: the parameters) as the named blocks of the layout."""
+        flat = self.flat if flat is None else flat
+        return {n: t.view(s) for (n, s), t in zip(self._layout.items(), flat.split(self._sizes))}
+
+    def member_slice(self, k: int) -> slice:
+        check("k", k, is_int(k) and 0 <= k < self.K, f"an integer in [0, {self.K - 1}]")
+        return slice(self.offsets[k], self.offsets[k + 1])
+
+    def member_weights(self, k: int, flat=None) -> dict:
+        """Member k's weights (or its part of another buffer shaped like ``flat``, e.g. the
+        gradient) as detached float64 CPU tensors (first axis: its heads)."""
+        sl = self.member_slice(k)
+        return {n: w[sl].detach().to("cpu", torch.float64).clone() for n, w in self.params(flat).items()}
+
+    def forward(self, X, y, xq):
+        """Predictions (K, B) (or (K, B, T)) from covariates X (..., B, n, d), labels y
+        (..., B, n) or (..., B, n, T) and queries xq (..., B, d): the predictor interface of
+        :mod:`iclnb.predictors`."""
+        check("X", tuple(X.shape), X.dim() in (3, 4) and X.shape[-1] == self.d, f"shape (B, n, {self.d})")
+        y = y.unsqueeze(-1) if y.dim() == X.dim() - 1 else y
+        return self.predict(torch.cat([X, y], -1), xq)
+
+    def member_losses(self, pred, yq, out=None):
+        """Per-member MSE (K,) of predictions (K, B[, T]) against targets (B[, T]) or (K, B[, T])."""
+        err = (pred - yq).square()
+        return torch.mean(err.reshape(self.K, -1), 1, out=out)
+
+    def loss_and_grad(self, Z, xq, yq, loss_out=None):
+        """Per-member batch MSE (K,) and its gradient, written into ``flat.grad`` (autograd).
+
+        The member losses are independent, so the gradient of their sum is every member's own.
+        """
+        with torch.enable_grad():
+            loss = self.member_losses(self.predict(Z, xq), yq)
+            (grad,) = torch.autograd.grad(loss.sum(), self.flat)
+        self.flat.grad = grad
+        if loss_out is not None:
+            loss_out.copy_(loss.detach())
+            return loss_out
+        return loss.detach()
+
+
+# ---- normalised activations phi for p_i = phi(s_i) / sum_j phi(s_j) --------------------------
+def _softplus(s):
+    return nn.functional.softplus(s), torch.sigmoid(s)
+
+
+def _sigmoid(s):
+    p = torch.sigmoid(s)
+    return p, p * (1 - p)
+
+
+ACTIVATIONS = {"softplus": _softplus, "sigmoid": _sigmoid}  # (phi, phi') of the scores
+
+
+class _Attention(Ensemble):
+    """One-layer multi-head attention read at the query, computed in folded form.
+
+    The loss reads only the query's output, so u_h = KQ_h z_q (the first d columns of KQ_h:
+    z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
+    matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
+    output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
+    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and whether the kernel is ``centred``
+    (normalised by the weights' sum).
+    """
+
+    score_unit: ClassVar[float] = 1.0
+    centred: ClassVar[bool] = True
+
+    def layout(self):
+        M, D, T = self.M, self.D, self.T
+        return [("WQ", (M, D, D)), ("WK", (M, D, D)), ("WV", (M, D, D)), ("WO", (M, T, D))]
+
+    def init_member(self, k, gen, views):
+        # nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in = D for Q, K, V and H*D
+        # for the output projection. Head by head, so head h of a member depends only on
+        # (seed, h): members with one seed share their heads' draws across head counts.
+        H, D, T = self.heads[k], self.D, self.T
+        u = torch.rand(H, 3 * D * D + T * D, generator=gen, dtype=torch.float64) * 2 - 1
+        sl = self.member_slice(k)
+        qkv = u[:, : 3 * D * D].view(H, 3, D, D) / math.sqrt(D)
+        views["WQ"][sl], views["WK"][sl], views["WV"][sl] = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        views["WO"][sl] = u[:, 3 * D * D :].view(H, T, D) / math.sqrt(H * D)
 
     @property
     def weights(self):
-        """(W_Q, W_K, W_V, W_O) of all packed heads: (M,D,D) x3 and (M,D); views of ``flat``."""
-        return self._split(self.flat)
+        """(W_Q, W_K, W_V, W_O) of all packed heads: (M,D,D) x3 and (M,T,D); views of ``flat``."""
+        p = self.params()
+        return p["WQ"], p["WK"], p["WV"], p["WO"]
 
-    def member_weights(self, k: int) -> dict:
-        """Member ``k``'s weights as detached float64 CPU tensors: WQ, WK, WV (H,D,D), WO (H,D)."""
-        check("k", k, is_int(k) and 0 <= k < self.K, f"an integer in [0, {self.K - 1}]")
-        sl = slice(self.offsets[k], self.offsets[k + 1])
-        return {name: w[sl].detach().to("cpu", torch.float64).clone()
-                for name, w in zip(("WQ", "WK", "WV", "WO"), self.weights)}
+    def member_weights(self, k, flat=None):
+        w = super().member_weights(k, flat)
+        if self.T == 1:
+            w["WO"] = w["WO"][:, 0]  # (H, D): one output row per head
+        return w
 
     def circuits(self):
-        """KQ (M,D,D) = W_K^T W_Q / sqrt(D) and OV (M,D) = (W_O W_V)^T of every packed head."""
+        """KQ (M,D,D) = W_K^T W_Q / sqrt(D) and OV (M,D,T) = (W_O W_V)^T ((M,D) for T = 1)."""
         WQ, WK, WV, WO = self.weights
         KQ = torch.bmm(WK.transpose(1, 2), WQ) / math.sqrt(self.D)
-        return KQ, torch.bmm(WO.unsqueeze(1), WV).squeeze(1)
+        OV = torch.bmm(WO, WV).transpose(1, 2)
+        return KQ, (OV[..., 0] if self.T == 1 else OV)
 
-    # ---- forward ----------------------------------------------------------------------------
-    def _folded(self):
-        """The only weights the query output reads: KQ[:, :, :d] (M,D,d) and OV (M,D)."""
+    def snapshot(self):
+        KQ, OV = self.circuits()
+        return {"kq": KQ, "ov": OV}
+
+    def member_log(self, logs, k):
+        """kq (T_log,H,D,D), ov (T_log,H,D[,T]); omega = mean of the first d diagonal entries of
+        KQ; mu = the label entry of OV ((T_log,H), or (T_log,H,T) with mu[..., t] = OV[d+t, t])."""
+        sl, d = self.member_slice(k), self.d
+        kq, ov = logs["kq"][:, sl].copy(), logs["ov"][:, sl].copy()
+        omega = np.diagonal(kq[:, :, :d, :d], axis1=-2, axis2=-1).mean(-1)
+        mu = ov[..., d] if self.T == 1 else np.stack([ov[..., d + t, t] for t in range(self.T)], -1)
+        return {"kq": kq, "ov": ov, "omega": omega, "mu": mu}
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _kernel(self, S):
+        raise NotImplementedError
+
+    def _heads(self, Zt, xq):
+        """Head outputs yh (B,M,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
+        reads. One product gives every head's u = KQ z_q (times ``score_unit``) and OV, one
+        batched product their scores S (B,M,n) and values V (B,M,T,n) against all n tokens."""
         WQ, WK, WV, WO = self.weights
-        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, : self.d]).mul_(1 / math.sqrt(self.D))
-        return KQx, torch.bmm(WO.unsqueeze(1), WV).squeeze(1)
+        B, M, D, d, T = xq.shape[0], self.M, self.D, self.d, self.T
+        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (M,D,d)
+        OV = torch.bmm(WO, WV)  # (M,T,D)
+        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [q1 coordinate, slot, token coordinate]
+        A[:d, :M] = KQx.permute(2, 0, 1)
+        A[d, M:] = OV.reshape(M * T, D)
+        A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
+        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, M * (1 + T), D), Zt)
+        A1, dphi, norm = self._kernel(SV[:, :M])
+        G1 = torch.bmm(Zt, A1.transpose(1, 2))  # (B,D,M): sum_i A1_i z_i
+        if T == 1:  # OV^T sum_i A1_i z_i = sum_i A1_i v_i
+            yh = (G1 * OV[:, 0].T).sum(1).unsqueeze(-1) * norm  # (B,M,1)
+        else:
+            yh = torch.einsum("bdm,mtd->bmt", G1, OV) * norm
+        return yh, (SV[:, M:].view(B, M, T, -1), A1, dphi, G1, norm)
 
-    def _heads(self, Zt, q1):
-        """Head outputs yh (B,1,M) from Zt = Z^T (B,D,n) and q1 = [x_q; 1] (B,D), plus what the
-        backward reads. One product gives every head's u = KQ z_q (times ``score_unit``) and OV,
-        one batched product their scores S and values V (B,M,n) against all n tokens."""
-        KQx, OV = self._folded()
-        B, M, D, d = q1.shape[0], self.M, self.D, self.d
-        A = KQx.new_zeros(D, 2 * M, D)  # [q1 coordinate, head slot, token coordinate]
-        A[:d, :M] = KQx.permute(2, 0, 1) * self.score_unit
-        A[d, M:] = OV
-        SV = torch.bmm((q1 @ A.view(D, 2 * M * D)).view(B, 2 * M, D), Zt)
-        A1, A2, norm = self._attend(SV[:, :M], SV[:, M:])
-        G1 = torch.bmm(Zt, A1.transpose(1, 2))  # (B,D,M): sum_i a1_i z_i
-        yh = (G1 * OV.T).sum(1, keepdim=True) * norm  # OV^T sum_i a1_i z_i = sum_i a1_i v_i
-        return yh, (A2, G1, norm)
+    def _predict_members(self, Z, xq):
+        """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code."""
+        KQ, OV = self.circuits()
+        OV = OV.view(self.M, self.D, self.T)
+        Zh, xh = Z[self.head_member], xq[self.head_member]  # (M,B,n,D), (M,B,d)
+        S = torch.einsum("mbnd,mde,mbe->mbn", Zh, KQ[:, :, : self.d] * self.score_unit, xh)
+        A1, _, norm = self._kernel(S.transpose(0, 1))  # (B,M,n)
+        V = torch.einsum("mbnd,mdt->mbnt", Zh, OV)
+        yh = torch.einsum("bmn,mbnt->mbt", A1 * norm, V)
+        out = yh.new_zeros(self.K, *yh.shape[1:]).index_add_(0, self.head_member, yh)
+        return out[..., 0] if self.T == 1 else out
 
-    def predict_tokens(self, Z, q1):
-        """Predictions (B, K) from context tokens Z (B,n,D) and q1 = [x_q; 1] (B,D); differentiable."""
-        yh, _ = self._heads(Z.transpose(1, 2), q1)
-        return yh.squeeze(1) @ self.sel
+    def predict(self, Z, xq):
+        if Z.dim() == 4:
+            return self._predict_members(Z, xq)
+        yh, _ = self._heads(Z.transpose(1, 2), xq)
+        out = (yh.transpose(1, 2) @ self.sel).permute(2, 0, 1)  # (K,B,T)
+        return out[..., 0] if self.T == 1 else out
 
-    def forward(self, X, y, xq):
-        """Predictions of all K members, shape (K, B), for context X (B,n,d), y (B,n), query xq (B,d)."""
-        check("X", tuple(X.shape), X.dim() == 3 and X.shape[-1] == self.d, f"shape (B, n, {self.d})")
-        q1 = torch.cat([xq, xq.new_ones(xq.shape[0], 1)], -1)
-        return self.predict_tokens(torch.cat([X, y.unsqueeze(-1)], -1), q1).T
-
-    # ---- hand-derived gradients (the training hot path) -------------------------------------
+    # ---- hand-derived gradients (the training hot path, shared prompts) ------------------------
     @torch.no_grad()
-    def loss_and_grad(self, Z, q1, yq, loss_out=None):
-        """Per-member batch MSE (K,) and its gradient, written into ``flat.grad``.
-
-        Equals autograd on ``((predict_tokens(Z, q1) - yq[:, None])**2).mean(0).sum()`` (tests)
-        at a third of its cost. The member losses are independent, so the gradient of their sum
-        is every member's own gradient.
-        """
+    def loss_and_grad(self, Z, xq, yq, loss_out=None):
+        """Per-member batch MSE (K,) and its gradient in ``flat.grad``; equals autograd on
+        ``member_losses(predict(Z, xq), yq).sum()`` (tests) at a fraction of its cost."""
+        if Z.dim() == 4:
+            return super().loss_and_grad(Z, xq, yq, loss_out)
         if self.flat.grad is None:
             self.flat.grad = torch.zeros_like(self.flat)
-        gQ, gK, gV, gO = self._split(self.flat.grad)
+        gQ, gK, gV, gO = self.params(self.flat.grad).values()
         WQ, WK, WV, WO = self.weights
-        B, d, D, M = q1.shape[0], self.d, self.D, self.M
+        B, d, D, M, T = xq.shape[0], self.d, self.D, self.M, self.T
         Zt = Z.transpose(1, 2)
-        yh, (A2, G1, norm) = self._heads(Zt, q1)
-        err = yh.squeeze(1) @ self.sel - yq.unsqueeze(1)  # (B, K)
-        loss = torch.mean(err.square(), 0, out=loss_out)
-        # g = dL/dyh up to the factor 2/B (applied on the small tensors at the end), per head
-        gn = (err @ self.sel.T).unsqueeze(1) * norm  # (B,1,M)
-        # dL/du = Z^T dL/ds and dL/dOV = sum_b Z^T dL/dv, in terms of G1 and G2 = Z^T a2:
-        #   softmax (a1 = e, a2 = e v, norm = 1/sum e):  dL/ds_i = g p_i (v_i - yh)
-        #   linear  (a1 = s, a2 = v,   norm = 1/n):      dL/ds_i = g v_i / n
-        G2 = torch.bmm(Zt, A2.transpose(1, 2))
+        yh, (V, A1, dphi, G1, norm) = self._heads(Zt, xq)
+        # gn = dL/dyh per head, up to the factor 2/(B T) (applied on the small tensors at the end),
+        # times norm. With p_i = phi(s_i) / sum phi and w_i = sum_t gn_t v_ti, c = sum_t gn_t yh_t:
+        #   centred kernels: dL/ds_i = phi'(s_i) (w_i - c);  linear: dL/ds_i = w_i (phi' = 1, no c).
+        # _kernel gives phi' (dphi; the same tensor as A1 for exp, None for phi' = 1). One output
+        # (T = 1) takes plain elementwise forms: tiny matrix products cost more than they compute.
+        if T == 1:
+            err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
+            loss = torch.mean(err.square(), 0, out=loss_out)
+            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,M,1)
+            A2 = V[:, :, 0] * gn
+        else:
+            err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
+            loss = err.square().mean((0, 2))
+            loss = loss if loss_out is None else loss_out.copy_(loss)
+            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,M,T)
+            A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,M,n)
+        if dphi is not None:
+            A2 = A2.mul_(dphi)
+        G2 = torch.bmm(Zt, A2.transpose(1, 2))  # (B,D,M): dL/du up to the constant factor
         if self.centred:
-            G2 -= G1 * yh
-        dU, dOV = G2.mul_(gn), (G1 * gn).sum(0)  # (B,D,M), (D,M)
+            G3 = G1 if dphi is A1 else torch.bmm(Zt, dphi.transpose(1, 2))
+            G2 -= G3 * (gn * yh).sum(2).unsqueeze(1)
+        # dL/dP for P = W_O W_V = OV^T, (M,T,D)
+        dOV = ((G1 * gn[..., 0].unsqueeze(1)).sum(0).T.unsqueeze(1) if T == 1
+               else torch.einsum("bdm,bmt->mtd", G1, gn)).mul_(2 / (B * T))
         # u = KQx x_q with KQx = W_K^T W_Q[:, :, :d] / sqrt(D): chain into W_Q and W_K
-        dKQx = (q1[:, :d].T @ dU.view(B, D * M)).view(d, D, M).permute(2, 1, 0).mul(2 / (B * math.sqrt(D)))
+        dKQx = (xq.T @ G2.reshape(B, D * M)).view(d, D, M).permute(2, 1, 0).mul(2 / (B * T * math.sqrt(D)))
         torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
-        gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last column of W_Q meets z_q's 0: no gradient
-        # OV = W_V^T W_O^T
-        dOV = dOV.T.mul(2 / B)  # (M, D)
-        torch.mul(WO.unsqueeze(2), dOV.unsqueeze(1), out=gV)
-        gO.copy_(torch.bmm(WV, dOV.unsqueeze(2)).squeeze(2))
+        gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
+        if T == 1:
+            torch.mul(WO.transpose(1, 2), dOV, out=gV)
+            gO.copy_(torch.bmm(WV, dOV.transpose(1, 2)).transpose(1, 2))
+        else:
+            torch.bmm(WO.transpose(1, 2), dOV, out=gV)
+            torch.bmm(dOV, WV.transpose(1, 2), out=gO)
         return loss
 
 
-class SoftmaxAttention(_AttentionEnsemble):
+@register
+class SoftmaxAttention(_Attention):
     """prediction = sum_h W_O,h W_V,h Z softmax(Z^T W_K,h^T W_Q,h z_q / sqrt(D)) over the n
-    context tokens (the query does not attend to itself), for K members at once.
+    context tokens (the query does not attend to itself), for K members at once."""
 
-    ``heads``: an int or a list (one member per entry); ``seeds``: None (torch's global RNG),
-    an int (all members) or a list (one per member).
-    """
-
+    name = "softmax"
     score_unit = math.log2(math.e)  # scores in log2 units: exp2 is ~4x faster than exp on CPU
-    centred = True
 
-    def _attend(self, S, V):
-        E = (S - S.amax(-1, keepdim=True)).exp2_()  # unnormalised softmax weights
-        return E, E * V, E.sum(-1).reciprocal().unsqueeze(1)
+    def _kernel(self, S):
+        E = (S - S.amax(-1, keepdim=True)).exp2_()  # phi = phi' = exp, up to a common factor
+        return E, E, E.sum(-1, keepdim=True).reciprocal()
 
 
-class LinearAttention(_AttentionEnsemble):
+@register
+class NormalizedAttention(_Attention):
+    """Softmax attention with exp replaced by another activation phi:
+    p_i = phi(s_i) / sum_j phi(s_j), phi from ``ACTIVATIONS`` (``activation``)."""
+
+    name = "normalized"
+
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, activation="softplus"):
+        check_choice("activation", activation, ACTIVATIONS)
+        self.activation = activation
+        super().__init__(d, heads, outputs, seeds, device, dtype)
+
+    def _kernel(self, S):
+        phi, dphi = ACTIVATIONS[self.activation](S)
+        return phi, dphi, phi.sum(-1, keepdim=True).reciprocal()
+
+
+@register
+class LinearAttention(_Attention):
     """Linear attention (von Oswald et al. form, no softmax, no mask on the context):
     y_hat = sum_h (1/n_train) sum_i (OV_h^T z_i)(z_i^T KQ_h z_q), with the normalisation fixed
     at the training length ``n_train`` (so it does not adapt to other prompt lengths)."""
 
-    score_unit = 1.0
+    name = "linear"
     centred = False
 
-    def __init__(self, d: int, heads=1, n_train: int = 40, seeds=None, device="auto", dtype=torch.float32):
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, n_train: int = 40):
         check_int("n_train", n_train, 1)
-        super().__init__(d, heads, seeds, device, dtype)
-        self.n_train = n_train
+        self.n_train = int(n_train)
+        super().__init__(d, heads, outputs, seeds, device, dtype)
 
-    def _attend(self, S, V):
-        return S, V, 1.0 / self.n_train
+    def _kernel(self, S):
+        return S, None, 1.0 / self.n_train

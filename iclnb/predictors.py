@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .tasks import check_int, check_real
+from .tasks import Task
+from .util import check, check_int, check_real, generator
 
 __all__ = [
     "gd_predict",
@@ -146,45 +147,28 @@ def nw_reference_params(n: int, d: int, sigma2: float) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- Monte Carlo
-def _sampler():
-    from iclnb.tasks import sample_linear_regression  # written alongside; imported lazily
-
-    return sample_linear_regression
-
-
 def _chunk(chunk, n: int) -> int:
     """Prompts per chunk: ``chunk`` if given, else about a million context tokens per chunk."""
     if chunk is None:
         return max(256, 1_000_000 // max(int(n), 1))
-    if int(chunk) < 1:
-        raise ValueError(f"chunk={chunk!r} must be >= 1")
+    check_int("chunk", chunk, 1)
     return int(chunk)
 
 
-class _Slice:
-    __slots__ = ("X", "y", "xq", "yq")
-
-    def __init__(self, X, y, xq, yq):
-        self.X, self.y, self.xq, self.yq = X, y, xq, yq
-
-
-def _batches(n, d, sigma2, prompts, num_prompts, chunk, generator, device, dtype):
+def _batches(task: Task, prompts, num_prompts, chunk, generator, device, dtype):
     """Chunks of given prompts, or freshly sampled chunks (generated lazily, to bound memory)."""
     if prompts is not None:
-        if prompts.X.shape[-2] != n or prompts.X.shape[-1] != d:
-            raise ValueError(f"prompts have shape {tuple(prompts.X.shape)} but n={n}, d={d}")
-        B = prompts.X.shape[0]
+        if prompts.Z.shape[-2] != task.n or prompts.xq.shape[-1] != task.d:
+            raise ValueError(f"prompts have tokens of shape {tuple(prompts.Z.shape)} but the task has n={task.n}, d={task.d}")
+        B = prompts.Z.shape[0]
         for i in range(0, B, chunk):
-            j = slice(i, i + chunk)
-            yield _Slice(prompts.X[j], prompts.y[j], prompts.xq[j], prompts.yq[j])
+            yield prompts[i : i + chunk]
         return
-    if int(num_prompts) < 2:
-        raise ValueError(f"num_prompts={num_prompts!r} must be >= 2")
-    sample = _sampler()
+    check_int("num_prompts", num_prompts, 2)
     left = int(num_prompts)
     while left > 0:
         b = min(chunk, left)
-        yield sample(b, n, d, sigma2, generator=generator, device=device, dtype=dtype)
+        yield task.sample(b, generator, device, dtype)
         left -= b
 
 
@@ -197,11 +181,17 @@ def _finish(errs: list, return_se: bool):
     return (risk, se) if return_se else risk
 
 
+def _sq_err(yhat, yq) -> torch.Tensor:
+    """Squared errors (..., B), averaged over outputs for multi-output targets (B, T)."""
+    e = (yhat - yq) ** 2
+    if yq.dim() == 2:
+        e = e.mean(-1)
+    return e.to("cpu", torch.float64)
+
+
 def mc_risk(
     predict: Callable,
-    n: int,
-    d: int,
-    sigma2: float,
+    task: Task,
     prompts=None,
     num_prompts: int = 100_000,
     chunk: int | None = None,
@@ -209,30 +199,28 @@ def mc_risk(
     device="cpu",
     dtype=torch.float32,
     return_se: bool = False,
+    stream: str = "mc_risk",
 ):
-    """Monte Carlo risk E(y_hat - y_q)^2 (noisy target, so sigma^2 is included once).
+    """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.tasks`` task; for
+    noisy targets sigma^2 is included once).
 
-    ``predict(X, y, xq)`` returns (B,) predictions, or (K,B) for an ensemble of K models.
-    ``prompts`` is any object with ``X, y, xq, yq`` tensors (e.g. ``iclnb.tasks.Prompts``); when
-    omitted, ``num_prompts`` prompts of length ``n`` are drawn with
-    ``iclnb.tasks.sample_linear_regression`` from a generator seeded with ``seed``, chunk by
-    chunk. Evaluation runs in chunks of ``chunk`` prompts (default: about 10^6 context tokens)
-    under ``torch.no_grad``. The sampled prompts depend on (seed, n, chunk): the same arguments
-    give the same numbers on the same device.
+    ``predict(X, y, xq)`` returns (B,) predictions, or (K,B) for an ensemble of K models (every
+    model of ``iclnb.models`` is such a function). ``prompts`` are given :class:`~iclnb.tasks.Prompts`;
+    when omitted, ``num_prompts`` prompts are drawn from ``task`` chunk by chunk with a generator
+    seeded by ``derive_seed(seed, stream)`` (name the stream, e.g. "validation" or "test", so
+    that different evaluations never share prompts). Evaluation runs in chunks of ``chunk`` prompts
+    (default: about 10^6 context tokens) under ``torch.no_grad``; the same arguments give the
+    same numbers on the same device.
 
     Returns the risk (float, or numpy (K,) for an ensemble); with ``return_se=True`` a pair
     (risk, standard error).
     """
-    _check(n, d, sigma2)
-    g = None
-    if prompts is None:
-        g = torch.Generator(device=device)
-        g.manual_seed(int(seed))
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    g = None if prompts is not None else generator(seed, stream, device=device)
     errs = []
     with torch.no_grad():
-        for p in _batches(n, d, sigma2, prompts, num_prompts, _chunk(chunk, n), g, device, dtype):
-            yhat = predict(p.X, p.y, p.xq)
-            errs.append(((yhat - p.yq) ** 2).to("cpu", torch.float64))
+        for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+            errs.append(_sq_err(predict(p.X, p.y, p.xq), p.yq))
     return _finish(errs, return_se)
 
 
@@ -249,8 +237,7 @@ class ByLength:
 def risk_curve(
     predictors: dict,
     lengths: Iterable[int],
-    d: int,
-    sigma2: float,
+    task: Task,
     num_prompts: int = 20_000,
     seed: int = 0,
     device="cpu",
@@ -261,25 +248,25 @@ def risk_curve(
 
     ``predictors`` maps a name to ``predict(X, y, xq)`` -> (B,) or (K,B), or to
     ``ByLength(f)`` with ``f(n)`` returning such a function (for predictors whose parameters
-    depend on n, e.g. GD at eta*(n)). At each length the same ``num_prompts`` prompts (drawn
-    from a generator seeded by ``seed`` and the length) feed every predictor, so differences
-    between predictors carry little Monte Carlo noise. Returns ``{"n": lengths, name: risks,
-    name + "_se": standard errors}`` with risks of shape (L,) or (L, K).
+    depend on n, e.g. GD at eta*(n)). At each length m the same ``num_prompts`` prompts of
+    ``task.with_n(m)`` (drawn from ``derive_seed(seed, "risk_curve", m)``) feed every predictor,
+    so differences between predictors carry little Monte Carlo noise. Returns
+    ``{"n": lengths, name: risks, name + "_se": standard errors}`` with risks of shape (L,) or (L, K).
     """
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
     lengths = [int(n) for n in lengths]
     names = list(predictors)
     risks = {k: [] for k in names}
     ses = {k: [] for k in names}
     for n in lengths:
-        _check(n, d, sigma2)
-        g = torch.Generator(device=device)
-        g.manual_seed(int(seed) * 100_003 + n)
+        t = task.with_n(n)
+        g = generator(seed, "risk_curve", n, device=device)
         fns = {k: (f(n) if isinstance(f, ByLength) else f) for k, f in predictors.items()}
         errs = {k: [] for k in names}
         with torch.no_grad():
-            for p in _batches(n, d, sigma2, None, num_prompts, _chunk(chunk, n), g, device, dtype):
+            for p in _batches(t, None, num_prompts, _chunk(chunk, n), g, device, dtype):
                 for k in names:
-                    errs[k].append(((fns[k](p.X, p.y, p.xq) - p.yq) ** 2).to("cpu", torch.float64))
+                    errs[k].append(_sq_err(fns[k](p.X, p.y, p.xq), p.yq))
         for k in names:
             r, se = _finish(errs[k], True)
             risks[k].append(r)
@@ -291,12 +278,12 @@ def risk_curve(
     return out
 
 
-def best_step(predict_with_step: Callable, n: int, d: int, sigma2: float, prompts, etas: Sequence[float]) -> tuple[float, float]:
+def best_step(predict_with_step: Callable, task: Task, prompts, etas: Sequence[float]) -> tuple[float, float]:
     """1-D grid search of a step size by Monte Carlo: returns (best eta, its risk) over ``etas``,
-    for ``predict_with_step(X, y, xq, eta)`` evaluated on the given prompts."""
+    for ``predict_with_step(X, y, xq, eta)`` evaluated on the given prompts of ``task``."""
     best = (float("nan"), float("inf"))
     for eta in etas:
-        r = mc_risk(lambda X, y, xq: predict_with_step(X, y, xq, eta), n, d, sigma2, prompts=prompts)
+        r = mc_risk(lambda X, y, xq: predict_with_step(X, y, xq, eta), task, prompts=prompts)
         if r < best[1]:
             best = (float(eta), float(r))
     return best

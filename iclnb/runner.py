@@ -183,8 +183,9 @@ class Result:
         state = "ERROR" if self.error else ("ok" if self.ok else "CLAIMS FAILED")
         if self.claims and not self.claims.get("enforced") and not self.error:
             state += " (claims not enforced)"
-        claims = f"{self.claims.get('passed', 0)} passed, {self.claims_failed} failed" if self.claims else "no claims"
-        return f"{self.chapter.slug:40s} {self.seconds:7.1f} s  {claims:22s} {state}"
+        claims = (f"{self.claims.get('passed', 0)} passed, {self.claims_failed} failed, "
+                  f"{self.claims.get('not_reproduced', 0)} not reproduced") if self.claims else "no claims"
+        return f"{self.chapter.slug:40s} {self.seconds:7.1f} s  {claims:40s} {state}"
 
 
 def claims_path(output: Path) -> Path:
@@ -255,12 +256,12 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
     lines += [f"Built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with iclnb {v['iclnb']}, "
               f"torch {v['torch']}, numpy {v['numpy']}, Python {v['python']} on `{v['platform']}` "
               f"(CUDA available: {v['cuda']}).", "",
-              "| chapter | wall time (s) | claims passed | claims failed | status |",
-              "| --- | ---: | ---: | ---: | --- |"]
+              "| chapter | wall time (s) | claims passed | claims failed | findings not reproduced | status |",
+              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         status = "error" if r.error else ("pass" if r.ok else "claims failed")
         lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | "
-                     f"{r.claims.get('passed', 0)} | {r.claims_failed} | {status} |")
+                     f"{r.claims.get('passed', 0)} | {r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
         changed = ", ".join(r.parameters) or "none (defaults)"
@@ -271,11 +272,11 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
             lines += [f"**Error:** {r.error}", ""]
         rows = r.claims.get("claims", [])
         if rows:
-            lines += ["| claim | measured | threshold | result | seed |", "| --- | --- | --- | --- | --- |"]
-            from .claims import _fmt
+            from .claims import ClaimsTable
 
+            lines += ["| " + " | ".join(ClaimsTable.HEADERS) + " |", "|" + " --- |" * len(ClaimsTable.HEADERS)]
             for c in rows:
-                cells = [c["text"], _fmt(c["value"]), c["condition"], c["status"], c["ref"]]
+                cells = ClaimsTable._cells(c)
                 lines.append("| " + " | ".join(s.replace("|", "\\|") for s in cells) + " |")
     REPRO_PAGE.write_text("\n".join(lines) + "\n")
     return REPRO_PAGE
@@ -298,7 +299,7 @@ def build_book(smoke: bool = False, log=print) -> int:
         results.append(r)
     write_reproducibility_page(results, smoke=smoke)
     code = build_html(log=log)
-    log("\nchapter                                  wall time  claims                 status")
+    log("\nchapter                                  wall time  claims                                   status")
     for r in results:
         log(r.summary())
     log(f"total {sum(r.seconds for r in results):.1f} s; book build {'ok' if code == 0 else 'FAILED'}"

@@ -1,23 +1,27 @@
-"""The training engine: K models (different head counts and/or init seeds) trained at once.
+"""The training engine, the library's one training loop: K models trained at once.
 
-Data: one shared stream of fresh prompts per step, from a generator seeded by a hash of
-``seed``; every member sees the same batches (common random numbers across head counts).
-Init: member k is initialised from ``init_seeds[k]`` (default: ``seed`` for every member), so a
-member of an ensemble trains exactly as the same config trained alone with that member's head
-count and init seed. Optimiser: Adam on the flat parameter buffer, which is K independent Adams.
-Loss: MSE on the noisy target y_q (no 1/2), mean over the batch, one loss per member.
+Any registered model (``iclnb.models.MODELS``) on any registered task (``iclnb.tasks.TASKS``).
+Data: fresh prompts every step from the task's sampler, with a generator seeded by
+``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
+across head counts), or, with per-member task parameters, each member draws its own prompts
+from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init_seeds[k]``
+(default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
+exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
+is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
+outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
+the device type and the library version).
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
-parameters after s updates (on a fresh batch), and their KQ/OV circuits.
+parameters after s updates (on a fresh batch), and what the model's ``snapshot`` declares
+(the KQ/OV circuits for attention models).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
+import inspect
 import json
-import numbers
 import os
 import sys
 import tempfile
@@ -31,47 +35,65 @@ import torch
 
 import iclnb
 
-from .models import DTYPES, LinearAttention, SoftmaxAttention, resolve_device
-from .tasks import check, check_int, check_real, is_int, kms_covariance, sample_tokens
+from .models import MODELS
+from .tasks import Task, make_task, sample_members
+from .util import (DTYPES, check, check_choice, check_int, check_real, cpu_threads, derive_seed, dtype_name,
+                   generator, is_int, resolve_device)
 
-MODELS = {"softmax": SoftmaxAttention, "linear": LinearAttention}
+
+def _plain(params) -> dict:
+    check("params", params, isinstance(params, dict), "a dict of parameter names to values")
+    return dict(params)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines a run (and its cache key)."""
+    """Everything that determines a run (and its cache key).
 
-    model: str = "softmax"  # "softmax" or "linear" attention
+    ``task`` names a sampler of ``iclnb.tasks.TASKS`` with its own ``task_params`` (defaults
+    filled in); with ``member_params`` (one dict per member, merged over ``task_params``) each
+    member draws its own fresh prompts every step from its own task, otherwise all members see
+    the same stream. ``model`` names a model of ``iclnb.models.MODELS`` with ``model_params``.
+    """
+
+    model: str = "softmax"  # a registered model: "softmax", "normalized", "linear", ...
+    task: str = "linear_regression"  # a registered task (prompt sampler)
     d: int = 5  # covariate dimension
-    heads: tuple = (1, 2, 3, 4, 8)  # one ensemble member per entry (its number of heads)
     n: int = 40  # context examples per prompt
-    sigma2: float = 0.1  # label-noise variance
+    heads: tuple = (1, 2, 3, 4, 8)  # one ensemble member per entry (its number of heads)
+    task_params: dict = field(default_factory=dict)  # the task's own parameters, e.g. {"sigma2": 0.1}
+    member_params: tuple | None = None  # per-member task parameters (K dicts): each member its own prompts
+    model_params: dict = field(default_factory=dict)  # e.g. {"activation": "sigmoid"}
     steps: int = 20000  # Adam steps (the paper: 500_000)
     batch: int = 256  # prompts per step
     lr: float = 1e-3  # Adam learning rate; betas (0.9, 0.999), eps 1e-8
     seed: int = 0  # seeds the data stream, and every member's init unless init_seeds is given
-    log_every: int = 100  # log loss and circuits every this many steps (and at the last one)
+    log_every: int = 100  # log loss and the model's snapshot every this many steps (and at the last one)
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # "float32" or "float64"
-    init_seeds: tuple | None = None  # per-member init seeds (default: seed for every member)
-    rho: float = 0.0  # covariates x ~ N(0, Sigma), Sigma_ij = rho^|i-j| (0: isotropic)
+    init_seeds: tuple | None = None  # per-member init seeds (default: derive_seed(seed, "init") for all)
 
     def __post_init__(self):
         heads = self.heads
         heads = (heads,) if is_int(heads) else tuple(heads) if isinstance(heads, (list, tuple)) else heads
-        object.__setattr__(self, "heads", heads)
-        if isinstance(self.init_seeds, list):
-            object.__setattr__(self, "init_seeds", tuple(self.init_seeds))
+        check("heads", self.heads, isinstance(heads, tuple) and len(heads) > 0 and all(is_int(h) and h >= 1 for h in heads),
+              "an integer >= 1 or a non-empty tuple of them")
+        object.__setattr__(self, "heads", tuple(int(h) for h in heads))
+        K = len(self.heads)
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         if isinstance(self.dtype, torch.dtype):
-            object.__setattr__(self, "dtype", {v: k for k, v in DTYPES.items()}.get(self.dtype, self.dtype))
-        check("model", self.model, self.model in MODELS, f"one of {sorted(MODELS)}")
-        check_int("d", self.d, 1)
-        check("heads", self.heads, isinstance(heads, tuple) and len(heads) > 0 and all(is_int(h) and h >= 1 for h in heads),
-              "an integer >= 1 or a non-empty tuple of them")
-        check_int("n", self.n, 1)
-        check_real("sigma2", self.sigma2)
+            object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        check_choice("model", self.model, MODELS)
+        task = make_task(self.task, self.d, self.n, **_plain(self.task_params))  # checks d, n and the params
+        object.__setattr__(self, "task_params", task.params)
+        if self.member_params is not None:
+            mp = self.member_params
+            check("member_params", mp, isinstance(mp, (list, tuple)) and len(mp) == K and all(isinstance(p, dict) for p in mp),
+                  f"None or {K} dicts of task parameters (one per member of heads={self.heads})")
+            object.__setattr__(self, "member_params", tuple(
+                make_task(self.task, self.d, self.n, **{**self.task_params, **p}).params for p in mp))
+        object.__setattr__(self, "model_params", _plain(self.model_params))
         check_int("steps", self.steps, 1)
         check_int("batch", self.batch, 1)
         check_real("lr", self.lr, strict=True)
@@ -80,43 +102,53 @@ class TrainConfig:
         check("device", self.device, isinstance(self.device, str), "a device name: 'auto', 'cpu', 'cuda', 'cuda:N'")
         resolve_device(self.device)
         check("dtype", self.dtype, self.dtype in DTYPES, f"one of {sorted(DTYPES)}")
-        K = len(self.heads)
         seeds = self.init_seeds
+        if isinstance(seeds, list):
+            seeds = tuple(seeds)
         check("init_seeds", seeds, seeds is None or (
             isinstance(seeds, tuple) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds)),
             f"None or {K} integers >= 0 (one per member of heads={self.heads})")
-        check("rho", self.rho, isinstance(self.rho, numbers.Real) and -1 < self.rho < 1, "-1 < rho < 1")
         # plain Python numbers, so that equal configs have one canonical JSON (and cache key)
         for name in ("d", "n", "steps", "batch", "seed", "log_every"):
             object.__setattr__(self, name, int(getattr(self, name)))
-        for name in ("sigma2", "lr", "rho"):
-            object.__setattr__(self, name, float(getattr(self, name)))
-        object.__setattr__(self, "heads", tuple(int(h) for h in heads))
-        if seeds is not None:
-            object.__setattr__(self, "init_seeds", tuple(int(s) for s in seeds))
+        object.__setattr__(self, "lr", float(self.lr))
+        object.__setattr__(self, "init_seeds", None if seeds is None else tuple(int(s) for s in seeds))
+        build_model(self, device="cpu", check_only=True)  # model parameters fail here, not mid-run
+
+    @property
+    def K(self) -> int:
+        return len(self.heads)
+
+    @property
+    def tasks(self) -> list[Task]:
+        """Every member's task (the same task K times for a shared stream)."""
+        params = self.member_params or (self.task_params,) * self.K
+        return [make_task(self.task, self.d, self.n, **p) for p in params]
 
     @property
     def member_seeds(self) -> list[int]:
-        return list(self.init_seeds) if self.init_seeds is not None else [self.seed] * len(self.heads)
+        return list(self.init_seeds) if self.init_seeds is not None else [derive_seed(self.seed, "init")] * self.K
 
     def member(self, k: int) -> TrainConfig:
-        """The config that trains member k alone (same data stream, same init)."""
+        """The config that trains member k alone (same init and task; a shared stream stays the same)."""
         seeds = None if self.init_seeds is None else (self.init_seeds[k],)
-        return replace(self, heads=(self.heads[k],), init_seeds=seeds)
+        mp = None if self.member_params is None else (self.member_params[k],)
+        return replace(self, heads=(self.heads[k],), init_seeds=seeds, member_params=mp)
 
 
-@dataclass
 class History:
-    """Logged training curves. ``loss`` (K,T); per member k: ``omega[k]``, ``mu[k]`` (T,H_k),
-    ``kq[k]`` (T,H_k,D,D), ``ov[k]`` (T,H_k,D). omega = mean of the first d diagonal entries of
-    KQ, mu = last entry of OV."""
+    """Logged training curves: ``steps`` (T,), ``loss`` (K,T) and, per member k, what the model
+    declares (``members[k]``, a dict of arrays with a leading (T,) axis; for attention models
+    kq (T,H,D,D), ov (T,H,D), omega and mu (T,H)). ``history.omega[k]`` reads ``members[k]["omega"]``."""
 
-    steps: np.ndarray
-    loss: np.ndarray
-    omega: list = field(default_factory=list)
-    mu: list = field(default_factory=list)
-    kq: list = field(default_factory=list)
-    ov: list = field(default_factory=list)
+    def __init__(self, steps, loss, members):
+        self.steps, self.loss, self.members = steps, loss, members
+
+    def __getattr__(self, name):
+        members = self.__dict__.get("members", [])
+        if members and name in members[0]:
+            return [m[name] for m in members]
+        raise AttributeError(f"History has no {name!r}; logged: steps, loss, {sorted(members[0]) if members else []}")
 
 
 @dataclass
@@ -129,17 +161,22 @@ class Run:
     from_cache: bool
 
 
-def build_model(cfg: TrainConfig) -> torch.nn.Module:
-    """The untrained ensemble of a config (its init)."""
-    kw = dict(heads=list(cfg.heads), seeds=cfg.member_seeds, device=cfg.device, dtype=cfg.dtype)
-    if cfg.model == "linear":
-        kw["n_train"] = cfg.n
-    return MODELS[cfg.model](cfg.d, **kw)
-
-
-def _data_seed(seed: int) -> int:
-    """The data stream's seed: a hash of ``seed``, so it is not the init generator's stream."""
-    return int.from_bytes(hashlib.sha256(f"iclnb-data-{seed}".encode()).digest()[:8], "little") >> 1
+def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torch.nn.Module:
+    """The untrained ensemble of a config (its init). ``n_train`` defaults to the config's n."""
+    cls = MODELS[cfg.model]
+    params = dict(cfg.model_params)
+    if "n_train" in inspect.signature(cls).parameters:
+        params.setdefault("n_train", cfg.n)
+    allowed = set(inspect.signature(cls).parameters) - {"d", "heads", "outputs", "seeds", "device", "dtype"}
+    for k in params:
+        check(f"{cfg.model} parameter", k, k in allowed, f"one of {sorted(allowed)}")
+    heads = list(cfg.heads)
+    if check_only:  # validate the parameters on a one-member model
+        heads, seeds = heads[:1], [0]
+    else:
+        seeds = cfg.member_seeds
+    outputs = type(cfg.tasks[0]).outputs
+    return cls(cfg.d, heads=heads, outputs=outputs, seeds=seeds, device=device or cfg.device, dtype=cfg.dtype, **params)
 
 
 def _show_progress(progress) -> bool:
@@ -154,61 +191,33 @@ def _show_progress(progress) -> bool:
     return type(shell).__name__ == "ZMQInteractiveShell" or bool(sys.stderr and sys.stderr.isatty())
 
 
-def keep_freed_memory() -> None:
-    """Stop glibc from handing freed memory back to the OS after every step (Linux only).
-
-    By default glibc trims the heap and unmaps blocks above ~128 KB as soon as they are freed,
-    so each training step page-faults its few MB of temporaries back in: 300-700 page faults
-    per step for the five-model ensemble, which halved its speed on the 2-vCPU VM the
-    benchmarks ran on. Keeping freed memory (trim at 256 MB; blocks above 32 MB still use mmap)
-    removes them. Process-wide and idempotent; a no-op without glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (also its maximum)
-    except (OSError, AttributeError):
-        pass
-
-
-@contextlib.contextmanager
-def cpu_threads(device: torch.device):
-    """Train on CPU with ``$ICLNB_THREADS`` intra-op threads (default 1), then restore.
-
-    The engine's tensors are small: a second OpenMP thread gains little on an idle machine and
-    collapses when the cores are shared (its barriers wait for a busy core); one thread also
-    makes the numbers independent of the machine's core count.
-    """
-    value = os.environ.get("ICLNB_THREADS", "1")
-    check("ICLNB_THREADS", value, value.isdigit() and int(value) >= 1, "an integer >= 1")
-    old = torch.get_num_threads()
-    if device.type == "cpu":
-        keep_freed_memory()
-        torch.set_num_threads(int(value))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+def prompt_stream(cfg: TrainConfig, device, dtype):
+    """``next_batch()`` -> Prompts of the config's data stream (shared, or one per member)."""
+    if cfg.member_params is None:
+        task, gen = cfg.tasks[0], generator(cfg.seed, "data", device=device)
+        return lambda: task.sample(cfg.batch, gen, device, dtype)
+    tasks = cfg.tasks
+    gens = [generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
+    return lambda: sample_members(tasks, cfg.batch, gens, device, dtype)
 
 
 def _fit(cfg: TrainConfig, model, show: bool):
-    """Train ``model`` in place; returns the logged tensors (steps, loss, kq, ov)."""
+    """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's)."""
     dev, dt = model.flat.device, model.flat.dtype
-    K, M, D, every = model.K, model.M, model.D, cfg.log_every
-    gen = torch.Generator(device=dev).manual_seed(_data_seed(cfg.seed))
-    chol = torch.linalg.cholesky(kms_covariance(cfg.d, cfg.rho)) if cfg.rho else None
-    batch = lambda: sample_tokens(cfg.batch, cfg.n, cfg.d, cfg.sigma2, gen, dev, dt, chol)[:3]  # noqa: E731
+    K, every = model.K, cfg.log_every
+    batch = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
 
     log_steps = list(range(0, cfg.steps, every)) + [cfg.steps]
     loss = torch.empty(len(log_steps), K, device=dev, dtype=dt)
-    kq = torch.empty(len(log_steps), M, D, D, device=dev, dtype=dt)
-    ov = torch.empty(len(log_steps), M, D, device=dev, dtype=dt)
+    with torch.no_grad():
+        snap = {k: torch.empty(len(log_steps), *v.shape, device=dev, dtype=dt) for k, v in model.snapshot().items()}
     window = torch.empty(min(every, cfg.steps), K, device=dev, dtype=dt)  # losses since the last check
 
     def snapshot(i):
         with torch.no_grad():
-            kq[i], ov[i] = model.circuits()
+            for k, v in model.snapshot().items():
+                snap[k][i] = v
 
     def check_finite(first_step, rows):
         bad = ~torch.isfinite(rows)
@@ -216,7 +225,7 @@ def _fit(cfg: TrainConfig, model, show: bool):
             j, k = (int(v) for v in bad.nonzero()[0])
             raise FloatingPointError(
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
-                f"step {first_step + j} (model={cfg.model}, lr={cfg.lr}); try a smaller lr")
+                f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
     if show:
         from tqdm import tqdm
@@ -225,8 +234,8 @@ def _fit(cfg: TrainConfig, model, show: bool):
     with bar if show else contextlib.nullcontext():
         for step in range(cfg.steps):
             j = step % every
-            Z, q1, yq = batch()
-            model.loss_and_grad(Z, q1, yq, loss_out=window[j])
+            p = batch()
+            model.loss_and_grad(p.Z, p.xq, p.yq, loss_out=window[j])
             if j == 0:
                 loss[step // every] = window[0]
                 snapshot(step // every)
@@ -237,24 +246,34 @@ def _fit(cfg: TrainConfig, model, show: bool):
                     bar.update(j + 1)
                     bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in window[j].tolist()))
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
-            Z, q1, yq = batch()
-            loss[-1] = ((model.predict_tokens(Z, q1) - yq.unsqueeze(1)) ** 2).mean(0)
+            p = batch()
+            loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
             check_finite(cfg.steps, loss[-1:])
             snapshot(-1)
     model.flat.grad = None
-    return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), "kq": kq.cpu(), "ov": ov.cpu()}
+    return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}
 
 
 def _history(model, logs) -> History:
-    d = model.d
-    kq, ov = logs["kq"].double().numpy(), logs["ov"].double().numpy()
-    h = History(steps=logs["steps"].numpy().astype(np.int64), loss=logs["loss"].double().numpy().T.copy())
-    for a, b in zip(model.offsets[:-1], model.offsets[1:]):
-        h.kq.append(kq[:, a:b].copy())
-        h.ov.append(ov[:, a:b].copy())
-        h.omega.append(np.diagonal(kq[:, a:b, :d, :d], axis1=-2, axis2=-1).mean(-1))
-        h.mu.append(ov[:, a:b, -1].copy())
-    return h
+    arrays = {k: v.double().numpy() for k, v in logs.items() if k not in ("steps", "loss")}
+    return History(logs["steps"].numpy().astype(np.int64), logs["loss"].double().numpy().T.copy(),
+                   [model.member_log(arrays, k) for k in range(model.K)])
+
+
+def select_best(model, task: Task, groups: dict | None = None, num_prompts: int = 20_000, seed: int = 0) -> tuple:
+    """Pick, in each group of members, the one with the lowest Monte Carlo risk on fresh
+    validation prompts of ``task`` (the stream ``derive_seed(seed, "validation")``): the rule a
+    chapter fixes before training when it trains several initialisations and analyses one.
+
+    ``groups`` maps a label to member indices (default: all members in one group, label None).
+    Returns (risks (K,), {label: chosen member}).
+    """
+    from .predictors import mc_risk
+
+    groups = {None: list(range(model.K))} if groups is None else groups
+    risks = np.atleast_1d(mc_risk(model, task, num_prompts=num_prompts, seed=seed, stream="validation",
+                                  device=model.flat.device, dtype=model.flat.dtype))
+    return risks, {g: min(ks, key=lambda k: risks[k]) for g, ks in groups.items()}
 
 
 # ---- run cache ------------------------------------------------------------------------------
@@ -271,7 +290,7 @@ def _canonical(cfg: TrainConfig, device: torch.device) -> str:
 
 def cache_path(cfg: TrainConfig) -> Path:
     key = hashlib.sha256(_canonical(cfg, resolve_device(cfg.device)).encode()).hexdigest()[:24]
-    return cache_dir() / f"{cfg.model}-{key}.pt"
+    return cache_dir() / f"{cfg.model}-{cfg.task}-{key}.pt"
 
 
 def _load(path: Path, cfg: TrainConfig, model):
@@ -284,9 +303,11 @@ def _load(path: Path, cfg: TrainConfig, model):
             raise ValueError("the entry belongs to another config")
         with torch.no_grad():
             model.flat.copy_(entry["flat"])
-        logs = {k: entry[k] for k in ("steps", "loss", "kq", "ov")}
+        with torch.no_grad():
+            shapes = {k: tuple(v.shape) for k, v in model.snapshot().items()}
+        logs = {k: entry[k] for k in ("steps", "loss", *shapes)}
         T = len(range(0, cfg.steps, cfg.log_every)) + 1
-        if logs["steps"].shape != (T,) or logs["kq"].shape != (T, model.M, model.D, model.D):
+        if logs["steps"].shape != (T,) or any(logs[k].shape != (T, *s) for k, s in shapes.items()):
             raise ValueError("the logged history has the wrong shape")
         return logs, float(entry["train_seconds"])
     except Exception as e:  # noqa: BLE001 - any unreadable entry is recomputed, never fatal

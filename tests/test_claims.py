@@ -10,40 +10,67 @@ from iclnb.claims import Claims, ClaimsFailed
 
 def test_check_comparisons_and_nonfinite():
     c = Claims("x")
-    assert c.check("lt", 1.0, "<", 2)
-    assert not c.check("ge", 1, ">=", 2)
-    assert c.check("in", 0.5, "in", (0, 1))
-    assert not c.check("in", 1.5, "in", (0, 1))
-    assert c.check("is", True, "is", True)
-    assert not c.check("is", 1, "is", True)  # a number is not a boolean claim
-    assert not c.check("nan fails", math.nan, "<", 1)
-    assert not c.check("inf fails", math.inf, ">", 0)
-    assert c.check("numpy scalar", np.float64(0.1), "<", 1)
-    assert c.check("torch scalar", torch.tensor(0.1), "<", 1)
-    assert c.check("numpy bool", np.bool_(True), "is", True)
-    c.report("reported only", 70.1)
+    assert c.check("lt", "lt", 1.0, "<", 2)
+    assert not c.check("ge", "ge", 1, ">=", 2)
+    assert c.check("in", "in", 0.5, "in", (0, 1))
+    assert not c.check("out", "in", 1.5, "in", (0, 1))
+    assert c.check("is", "is", True, "is", True)
+    assert not c.check("is-number", "is", 1, "is", True)  # a number is not a boolean claim
+    assert not c.check("nan", "nan fails", math.nan, "<", 1)
+    assert not c.check("inf", "inf fails", math.inf, ">", 0)
+    assert c.check("np", "numpy scalar", np.float64(0.1), "<", 1)
+    assert c.check("torch", "torch scalar", torch.tensor(0.1), "<", 1)
+    assert c.check("np-bool", "numpy bool", np.bool_(True), "is", True)
+    c.report("rep", "reported only", 70.1)
     assert c.n_passed == 6 and len(c.failed) == 5
-    assert c.claims[-1].passed is None
+    assert c["rep"].passed is None and c["rep"].status == "reported" and c["lt"].status == "pass"
+
+
+def test_ids_are_checked_and_unique():
+    c = Claims("x")
+    c.check("a-1", "first", 1, "<", 2)
+    with pytest.raises(ValueError, match="used twice"):
+        c.report("a-1", "again", 3)
+    for bad in ("", "Has Space", "UPPER", 3):
+        with pytest.raises(ValueError, match="claim id"):
+            c.report(bad, "bad id", 1)
+    with pytest.raises(KeyError):
+        c["missing"]
+
+
+def test_findings_keep_threshold_and_are_not_enforced(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
+    c = Claims("ch", enforce=True)
+    assert not c.finding("h8-diag", "H=8 diag ratio", 0.96, ">=", 0.98, ref="Obs. 1")
+    assert c.finding("h4-diag", "H=4 diag ratio", 0.99, ">=", 0.98)
+    c.check("ok", "fine", 1, "<", 2)
+    html = c.finish()._repr_html_()  # a failed finding does not raise
+    assert "not reproduced" in html and "&gt;= 0.98" in html
+    data = json.loads(path.read_text())
+    assert data["passed"] == 1 and data["failed"] == 0 and data["not_reproduced"] == 1
+    assert [r["status"] for r in data["claims"]] == ["not reproduced", "reproduced", "pass"]
+    assert data["claims"][0]["kind"] == "finding" and data["claims"][0]["threshold"] == 0.98
 
 
 def test_bad_op_and_bad_range():
     c = Claims("x")
     with pytest.raises(ValueError, match="op"):
-        c.check("bad", 1, "~", 1)
+        c.check("bad", "bad", 1, "~", 1)
     with pytest.raises(ValueError, match="lo, hi"):
-        c.check("bad", 1, "in", 3)
+        c.check("bad", "bad", 1, "in", 3)
 
 
 def test_finish_writes_json_and_enforces(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
     c = Claims("ch", enforce=True)
-    c.check("ok", 1, "<", 2, ref="Thm 1")
+    c.check("ok", "ok", 1, "<", 2, ref="Thm 1")
     table = c.finish()
-    assert "Thm 1" in table._repr_html_()
+    assert "Thm 1" in table._repr_html_() and "<th>paper</th>" in table._repr_html_()
     data = json.loads(path.read_text())
     assert data["passed"] == 1 and data["failed"] == 0 and data["claims"][0]["status"] == "pass"
-    c.check("bad", 3, "<", 2)
+    c.check("bad", "bad", 3, "<", 2)
     with pytest.raises(ClaimsFailed, match="bad: measured 3"):
         c.finish()
     assert json.loads(path.read_text())["failed"] == 1  # written before raising
@@ -52,5 +79,5 @@ def test_finish_writes_json_and_enforces(tmp_path, monkeypatch):
 
 def test_html_escapes_text():
     c = Claims("x")
-    c.check("a < b & c", 1, "<", 2)
+    c.check("esc", "a < b & c", 1, "<", 2)
     assert "a &lt; b &amp; c" in c.table()._repr_html_()

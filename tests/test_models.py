@@ -1,104 +1,100 @@
-"""The folded ensemble models against textbook implementations on the same weights (float64)."""
+"""Every registered model against the naive reference (tests/naive.py) on the same weights, float64:
+outputs, the hand-derived backward, autograd, shared and per-member prompts, one and two outputs."""
 
 import math
 
 import pytest
 import torch
+from naive import NaiveAttention
 from torch import nn
 
-from iclnb.models import LinearAttention, SoftmaxAttention, resolve_device, resolve_dtype
-from iclnb.tasks import sample_tokens
+from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
+NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid}
+# model name -> [(model kwargs, naive kwargs)]; a new model must add its case here
+CASES = {
+    "softmax": [({}, {"kind": "softmax"})],
+    "normalized": [({"activation": a}, {"kind": "normalized", "phi": NAIVE_PHI[a]}) for a in sorted(ACTIVATIONS)],
+    "linear": [({"n_train": 5}, {"kind": "linear", "n_train": 5})],
+}
+ALL = [(name, mk, nk) for name, cases in CASES.items() for mk, nk in cases]
+IDS = [f"{name}-{mk.get('activation', '')}".rstrip("-") for name, mk, _ in ALL]
 
 
-class NaiveAttention(nn.Module):
-    """One model, textbook form: nn.Linear projections (bias=False) of every token.
-
-    softmax: full attention over [z_1..z_n, z_q] with a strictly-previous causal mask (the first
-    token, which has no predecessor, sees itself so no row is empty), output read at the query.
-    linear: (1/n_train) sum_i (q . k_i / sqrt(D)) v_i over the n context tokens.
-    """
-
-    def __init__(self, w, kind="softmax", n_train=None):
-        super().__init__()
-        H, D, _ = w["WQ"].shape
-        self.H, self.D, self.kind, self.n_train = H, D, kind, n_train
-        self.q, self.k, self.v = (nn.Linear(D, H * D, bias=False, dtype=F64) for _ in range(3))
-        self.o = nn.Linear(H * D, 1, bias=False, dtype=F64)
-        with torch.no_grad():  # weight rows are head-major: head h owns rows h*D..(h+1)*D
-            for lin, name in ((self.q, "WQ"), (self.k, "WK"), (self.v, "WV")):
-                lin.weight.copy_(w[name].reshape(H * D, D))
-            self.o.weight.copy_(w["WO"].reshape(1, H * D))
-
-    def grads(self):
-        H, D = self.H, self.D
-        return {"WQ": self.q.weight.grad.view(H, D, D), "WK": self.k.weight.grad.view(H, D, D),
-                "WV": self.v.weight.grad.view(H, D, D), "WO": self.o.weight.grad.view(H, D)}
-
-    def forward(self, Z, xq):
-        B, n, D = Z.shape
-        H = self.H
-        zq = torch.cat([xq, torch.zeros(B, 1, dtype=Z.dtype)], -1)
-        seq = torch.cat([Z, zq[:, None]], 1)  # (B, n+1, D)
-        split = lambda t: t.view(B, n + 1, H, D).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q(seq)), split(self.k(seq)), split(self.v(seq))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(D)  # (B, H, n+1, n+1)
-        if self.kind == "softmax":
-            allowed = torch.ones(n + 1, n + 1, dtype=torch.bool).tril(-1)
-            allowed[0, 0] = True
-            att = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-        else:
-            att = torch.zeros_like(scores)
-            att[..., n, :n] = scores[..., n, :n] / self.n_train
-        out = (att @ v).transpose(1, 2).reshape(B, n + 1, H * D)
-        return self.o(out)[:, -1, 0]
+def test_every_model_and_activation_has_a_reference():
+    assert set(CASES) == set(MODELS) and set(NAIVE_PHI) == set(ACTIVATIONS)
 
 
-def _model(cls, heads, seeds, scale=3.0, **kw):
-    m = cls(d=3, heads=heads, seeds=seeds, device="cpu", dtype=F64, **kw)
-    with torch.no_grad():  # larger than the init so the softmax is far from uniform
+def _model(name, mk, heads=(1, 2, 3), seeds=(4, 5, 6), T=1, scale=3.0):
+    m = MODELS[name](d=3, heads=list(heads), outputs=T, seeds=list(seeds), device="cpu", dtype=F64, **mk)
+    with torch.no_grad():  # larger than the init so the kernel is far from uniform
         m.flat.mul_(scale)
     return m
 
 
-def _batch(B=7, n=5, d=3, seed=0):
-    return sample_tokens(B, n, d, 0.1, torch.Generator().manual_seed(seed), "cpu", F64)
+def _prompts(shape, n=5, d=3, T=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Z = torch.randn(*shape, n, d + T, generator=g, dtype=F64)
+    xq = torch.randn(*shape, d, generator=g, dtype=F64)
+    yq = torch.randn(*shape, *((T,) if T > 1 else ()), generator=g, dtype=F64)
+    return Z, xq, yq
 
 
-@pytest.mark.parametrize("cls,kw", [(SoftmaxAttention, {}), (LinearAttention, {"n_train": 5})])
-def test_outputs_and_gradients_match_naive(cls, kw):
-    kind = "softmax" if cls is SoftmaxAttention else "linear"
-    m = _model(cls, [1, 2, 3], [4, 5, 6], **kw)
-    Z, q1, yq, _ = _batch()
-    xq = q1[:, :3]
-    naive = [NaiveAttention(m.member_weights(k), kind, kw.get("n_train")) for k in range(m.K)]
-    ref = torch.stack([net(Z, xq) for net in naive])
-    torch.testing.assert_close(m(Z[..., :3], Z[..., 3], xq), ref, rtol=0, atol=1e-6)
-    # gradients: naive autograd, the folded model's autograd, and the hand-derived backward
+def _naive(m, k, nk):
+    return NaiveAttention(m.D, m.heads[k], m.T, weights=m.member_weights(k), dtype=F64, **nk)
+
+
+def _assert_grads_match(m, naive, tag):
+    for k, net in enumerate(naive):
+        got = m.member_weights(k, m.flat.grad)
+        for name, g in net.grads().items():
+            torch.testing.assert_close(got[name], g, rtol=0, atol=1e-9, msg=f"{tag}: member {k} {name}")
+
+
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("name,mk,nk", ALL, ids=IDS)
+def test_shared_prompts_outputs_and_gradients(name, mk, nk, T):
+    m = _model(name, mk, T=T)
+    Z, xq, yq = _prompts((7,), T=T)
+    naive = [_naive(m, k, nk) for k in range(m.K)]
+    ref = torch.stack([net(Z, xq) for net in naive])  # (K, B[, T])
+    torch.testing.assert_close(m.predict(Z, xq), ref, rtol=0, atol=1e-9)
+    X, y = Z[..., :3], Z[..., 3:]
+    torch.testing.assert_close(m(X, y[..., 0] if T == 1 else y, xq), ref, rtol=0, atol=1e-9)
     for net in naive:
         ((net(Z, xq) - yq) ** 2).mean().backward()
-    ((m.predict_tokens(Z, q1) - yq[:, None]) ** 2).mean(0).sum().backward()
+    m.member_losses(m.predict(Z, xq), yq).sum().backward()  # autograd through the folded forward
     autograd = m.flat.grad.clone()
     m.flat.grad = None
-    loss = m.loss_and_grad(Z, q1, yq)
-    torch.testing.assert_close(loss, ((ref - yq) ** 2).mean(1), rtol=0, atol=1e-6)
-    torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-6)
-    WQ, WK, WV, WO = m._split(m.flat.grad)
+    loss = m.loss_and_grad(Z, xq, yq)  # the hand-derived backward
+    torch.testing.assert_close(loss, ((ref - yq) ** 2).reshape(m.K, -1).mean(1), rtol=0, atol=1e-9)
+    torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-9)
+    _assert_grads_match(m, naive, f"{name} T={T}")
+    assert m.params(m.flat.grad)["WQ"][:, :, -T:].abs().max() == 0  # the query's label slots are 0
+
+
+@pytest.mark.parametrize("name,mk,nk", ALL, ids=IDS)
+def test_per_member_prompts(name, mk, nk):
+    """Members drawing their own prompts (a leading member axis): each is the naive model on its own."""
+    m = _model(name, mk)
+    Z, xq, yq = _prompts((3, 6), seed=1)
+    naive = [_naive(m, k, nk) for k in range(m.K)]
+    ref = torch.stack([net(Z[k], xq[k]) for k, net in enumerate(naive)])
+    torch.testing.assert_close(m.predict(Z, xq), ref, rtol=0, atol=1e-9)
     for k, net in enumerate(naive):
-        sl = slice(m.offsets[k], m.offsets[k + 1])
-        for name, g in zip(("WQ", "WK", "WV", "WO"), (WQ, WK, WV, WO)):
-            torch.testing.assert_close(g[sl], net.grads()[name], rtol=0, atol=1e-6, msg=f"{kind} {k} {name}")
-    assert WQ[:, :, -1].abs().max() == 0  # the query's label slot is 0
+        ((net(Z[k], xq[k]) - yq[k]) ** 2).mean().backward()
+    loss = m.loss_and_grad(Z, xq, yq)
+    torch.testing.assert_close(loss, ((ref - yq) ** 2).mean(1), rtol=0, atol=1e-9)
+    _assert_grads_match(m, naive, f"{name} per member")
 
 
-def test_other_prompt_lengths():
-    """Softmax attention normalises by itself at any n; linear keeps 1/n_train."""
-    for cls, kind, kw in ((SoftmaxAttention, "softmax", {}), (LinearAttention, "linear", {"n_train": 5})):
-        m = _model(cls, [2], 1, **kw)
-        Z, q1, _, _ = _batch(n=11)
-        ref = NaiveAttention(m.member_weights(0), kind, kw.get("n_train"))(Z, q1[:, :3])
-        torch.testing.assert_close(m.predict_tokens(Z, q1)[:, 0], ref, rtol=0, atol=1e-6)
+@pytest.mark.parametrize("name,mk,nk", ALL, ids=IDS)
+def test_other_prompt_lengths(name, mk, nk):
+    """Normalised kernels normalise by themselves at any n; linear attention keeps 1/n_train."""
+    m = _model(name, mk, heads=(2,), seeds=(1,))
+    Z, xq, _ = _prompts((4,), n=11)
+    torch.testing.assert_close(m.predict(Z, xq)[0], _naive(m, 0, nk)(Z, xq), rtol=0, atol=1e-9)
 
 
 def test_init_distribution_and_seeds():
@@ -128,33 +124,35 @@ def test_init_distribution_and_seeds():
     assert torch.equal(SoftmaxAttention(d=5, heads=2, seeds=1, device="cpu").flat, f64.flat.float())
 
 
-def test_circuits_and_interface():
-    m = _model(SoftmaxAttention, 3, 0)
-    assert (m.heads, m.K, m.d, m.D, m.M) == ([3], 1, 3, 4, 3)
+def test_circuits_and_logs():
+    m = _model("softmax", {}, heads=(3,), seeds=(0,))
+    assert (m.heads, m.K, m.d, m.D, m.M, m.T) == ([3], 1, 3, 4, 3, 1)
     KQ, OV = m.circuits()
     w = m.member_weights(0)
     torch.testing.assert_close(KQ, w["WK"].transpose(1, 2) @ w["WQ"] / 2)
     torch.testing.assert_close(OV, (w["WO"][:, None] @ w["WV"])[:, 0])
-    Z, q1, _, _ = _batch(B=4)
-    assert m(Z[..., :3], Z[..., 3], q1[:, :3]).shape == (1, 4)
-    assert resolve_device("auto").type in ("cpu", "cuda") and resolve_device("cpu") == torch.device("cpu")
-    assert resolve_dtype("float64") is F64
+    logs = {k: v[None].detach().numpy() for k, v in m.snapshot().items()}
+    mine = m.member_log(logs, 0)
+    torch.testing.assert_close(torch.as_tensor(mine["mu"][0]), OV[:, -1])
+    torch.testing.assert_close(torch.as_tensor(mine["omega"][0]), torch.diagonal(KQ[:, :3, :3], dim1=1, dim2=2).mean(-1))
+    two = _model("softmax", {}, heads=(2,), seeds=(0,), T=2)
+    assert two.circuits()[1].shape == (2, 5, 2) and two.member_weights(0)["WO"].shape == (2, 2, 5)
 
 
 @pytest.mark.parametrize("kwargs,name", [
     ({"d": 0}, "d"), ({"heads": 0}, "heads"), ({"heads": []}, "heads"), ({"heads": [2, 0]}, "heads"),
     ({"heads": [1, 2], "seeds": [1]}, "seeds"), ({"device": "tpu"}, "device"), ({"dtype": "float16"}, "dtype"),
+    ({"outputs": 0}, "outputs"),
 ])
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
         SoftmaxAttention(**{"d": 2, "device": "cpu", **kwargs})
 
 
-def test_bad_arguments_other():
-    with pytest.raises(ValueError, match="n_train"):
-        LinearAttention(d=2, n_train=0, device="cpu")
-    with pytest.raises(ValueError, match="k=5"):
+def test_bad_model_parameters():
+    with pytest.raises(ValueError, match="^n_train=.*allowed"):
+        MODELS["linear"](d=2, n_train=0, device="cpu")
+    with pytest.raises(ValueError, match="^activation=.*allowed"):
+        MODELS["normalized"](d=2, activation="tanh", device="cpu")
+    with pytest.raises(ValueError, match="^k=5"):
         SoftmaxAttention(d=2, heads=[1, 2], device="cpu").member_weights(5)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="device='cuda'"):
-            resolve_device("cuda")

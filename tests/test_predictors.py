@@ -6,16 +6,17 @@ rounding of the reference numbers in REFERENCE.md.
 """
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from iclnb import predictors as P
+from iclnb.tasks import LinearRegression, Prompts
 
 N, D, S2 = 40, 5, 0.1
 B = 100_000
+TASK = LinearRegression(d=D, n=N, sigma2=S2)
 
 
 def sample(B, n, d, sigma2, seed, dtype=torch.float64):
@@ -25,7 +26,7 @@ def sample(B, n, d, sigma2, seed, dtype=torch.float64):
     xq = torch.randn(B, d, generator=g, dtype=dtype)
     y = torch.einsum("bnd,bd->bn", X, beta) + math.sqrt(sigma2) * torch.randn(B, n, generator=g, dtype=dtype)
     yq = (xq * beta).sum(-1) + math.sqrt(sigma2) * torch.randn(B, generator=g, dtype=dtype)
-    return SimpleNamespace(X=X, y=y, xq=xq, yq=yq, beta=beta)
+    return Prompts(torch.cat([X, y[..., None]], -1), xq, yq, {"beta": beta})
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,14 @@ def test_gd_optimal_step_and_risk_closed_form():
 @pytest.mark.parametrize("eta", [None, 0.5, 1.2])
 def test_gd_risk_matches_monte_carlo(prompts, eta):
     eta = P.gd_optimal_step(N, D, S2) if eta is None else eta
-    r, se = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, eta), N, D, S2, prompts=prompts, return_se=True)
+    r, se = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, eta), TASK, prompts=prompts, return_se=True)
     close(r, se, P.gd_risk(eta, N, D, S2))
 
 
 @pytest.mark.parametrize("eta", [None, 0.5, 1.2])
 def test_debiased_gd_risk_matches_monte_carlo(prompts, eta):
     eta = P.debiased_gd_optimal_step(N, D, S2) if eta is None else eta
-    r, se = P.mc_risk(lambda X, y, xq: P.debiased_gd_predict(X, y, xq, eta), N, D, S2, prompts=prompts, return_se=True)
+    r, se = P.mc_risk(lambda X, y, xq: P.debiased_gd_predict(X, y, xq, eta), TASK, prompts=prompts, return_se=True)
     close(r, se, P.debiased_gd_risk(eta, N, D, S2))
 
 
@@ -64,31 +65,31 @@ def test_debiased_gd_reference_numbers_and_grid_search(prompts):
     eta = P.debiased_gd_optimal_step(N, D, S2)
     assert eta == pytest.approx(0.88, abs=0.005)
     assert P.debiased_gd_risk(eta, N, D, S2) == pytest.approx(0.242, abs=0.0015)
-    sub = SimpleNamespace(X=prompts.X[:20000], y=prompts.y[:20000], xq=prompts.xq[:20000], yq=prompts.yq[:20000])
-    best_eta, _ = P.best_step(P.debiased_gd_predict, N, D, S2, sub, np.linspace(0.7, 1.05, 15))
+    sub = prompts[:20000]
+    best_eta, _ = P.best_step(P.debiased_gd_predict, TASK, sub, np.linspace(0.7, 1.05, 15))
     assert best_eta == pytest.approx(eta, abs=0.06)
 
 
 def test_ridge_reference_risk(prompts):
     lam = P.ridge_lambda(D, S2)
     assert lam == pytest.approx(0.5)
-    r, se = P.mc_risk(lambda X, y, xq: P.ridge_predict(X, y, xq, lam), N, D, S2, prompts=prompts, return_se=True)
+    r, se = P.mc_risk(lambda X, y, xq: P.ridge_predict(X, y, xq, lam), TASK, prompts=prompts, return_se=True)
     close(r, se, 0.114, rounding=5e-4)
     # lambda = sigma^2 (the N(0, I) prior's value) is worse than the Bayes value sigma^2 d
-    r2 = P.mc_risk(lambda X, y, xq: P.ridge_predict(X, y, xq, S2), N, D, S2, prompts=prompts)
+    r2 = P.mc_risk(lambda X, y, xq: P.ridge_predict(X, y, xq, S2), TASK, prompts=prompts)
     assert r2 > r
 
 
 def test_kernel_pair_reference_risk(prompts):
     r, se = P.mc_risk(lambda X, y, xq: P.kernel_sum_predict(X, y, xq, [0.13, -0.13], [3.45, -3.45]),
-                      N, D, S2, prompts=prompts, return_se=True)
+                      TASK, prompts=prompts, return_se=True)
     close(r, se, 0.242, rounding=5e-4)
 
 
 def test_nadaraya_watson_reference_risk(prompts):
     omega, mu = P.nw_reference_params(N, D, S2)
     assert omega == pytest.approx(1 / math.sqrt(D))
-    r, se = P.mc_risk(lambda X, y, xq: P.nw_predict(X, y, xq, omega, mu), N, D, S2, prompts=prompts, return_se=True)
+    r, se = P.mc_risk(lambda X, y, xq: P.nw_predict(X, y, xq, omega, mu), TASK, prompts=prompts, return_se=True)
     close(r, se, 0.406, rounding=5e-4)
 
 
@@ -103,11 +104,11 @@ def test_kernel_pair_linearises_to_debiased_gd():
 
 
 def test_ensemble_predictions_give_one_risk_per_member(prompts):
-    sub = SimpleNamespace(X=prompts.X[:5000], y=prompts.y[:5000], xq=prompts.xq[:5000], yq=prompts.yq[:5000])
+    sub = prompts[:5000]
     etas = torch.tensor([0.5, 0.86], dtype=torch.float64)
-    r = P.mc_risk(lambda X, y, xq: etas[:, None] * P.gd_predict(X, y, xq, 1.0), N, D, S2, prompts=sub, chunk=1234)
+    r = P.mc_risk(lambda X, y, xq: etas[:, None] * P.gd_predict(X, y, xq, 1.0), TASK, prompts=sub, chunk=1234)
     assert r.shape == (2,)
-    assert r[0] == pytest.approx(P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), N, D, S2, prompts=sub))
+    assert r[0] == pytest.approx(P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), TASK, prompts=sub))
 
 
 def test_predictors_run_in_float32_and_validate_inputs():
@@ -124,14 +125,13 @@ def test_predictors_run_in_float32_and_validate_inputs():
 
 
 def test_risk_curve_and_sampled_mc_risk():
-    pytest.importorskip("iclnb.tasks")
     gd = P.ByLength(lambda n: (lambda X, y, xq: P.gd_predict(X, y, xq, P.gd_optimal_step(n, 3, 0.1))))
-    res = P.risk_curve({"gd": gd, "zero": lambda X, y, xq: torch.zeros(2, X.shape[0])}, [5, 20], 3, 0.1,
+    res = P.risk_curve({"gd": gd, "zero": lambda X, y, xq: torch.zeros(2, X.shape[0])}, [5, 20], LinearRegression(d=3, n=5, sigma2=0.1),
                        num_prompts=20_000, seed=1, chunk=7000)
     assert list(res["n"]) == [5, 20] and res["zero"].shape == (2, 2)
     for i, n in enumerate([5, 20]):
         close(res["gd"][i], res["gd_se"][i], P.gd_risk(P.gd_optimal_step(n, 3, 0.1), n, 3, 0.1))
         close(res["zero"][i, 0], res["zero_se"][i, 0], 1.1)  # E y_q^2 = 1 + sigma^2
-    r1 = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), 10, 3, 0.1, num_prompts=3000, seed=4)
-    r2 = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), 10, 3, 0.1, num_prompts=3000, seed=4)
+    r1 = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), LinearRegression(d=3, n=10, sigma2=0.1), num_prompts=3000, seed=4)
+    r2 = P.mc_risk(lambda X, y, xq: P.gd_predict(X, y, xq, 0.5), LinearRegression(d=3, n=10, sigma2=0.1), num_prompts=3000, seed=4)
     assert r1 == r2  # same seed and chunking, same prompts

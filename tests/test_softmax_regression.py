@@ -1,20 +1,20 @@
-"""Unit tests of iclnb.softmax_regression (chapter 1). Fast, deterministic, float64."""
+"""Unit tests of iclnb.softmax_regression (chapter 1's objects and in-context experiment). Fast, deterministic, float64."""
 
 import math
 
 import pytest
 import torch
 
-from iclnb.plotting import markdown_table
-
 from iclnb import softmax_regression as sr
+from iclnb.tasks import SoftmaxRegression
+from iclnb.train import TrainConfig, build_model, select_best, train
 
 
 def _inst(batch=6, n=30, d=5, R=2.0, seed=0, **kw):
     return sr.sample_instances(batch, n, d, R, seed, **kw)
 
 
-# --------------------------------------------------------------------------- core objects
+
 @pytest.mark.parametrize("n,d,R", [(2, 1, 0.5), (10, 3, 1.0), (50, 8, 2.0), (300, 20, 3.0)])
 def test_gradient_matches_autograd(n, d, R):
     inst = _inst(batch=5, n=n, d=d, R=R, seed=n)
@@ -24,7 +24,6 @@ def test_gradient_matches_autograd(n, d, R):
     assert closed.dtype == torch.float64
     assert sr.max_rel_error(closed, auto) < 1e-10
 
-
 def test_gradient_matches_explicit_jacobian_form():
     inst = _inst(batch=3, n=12, d=4, R=1.5, seed=1)
     A, x, b = inst["A"], inst["x"], inst["b"]
@@ -33,13 +32,11 @@ def test_gradient_matches_explicit_jacobian_form():
     ref = (A.transpose(-1, -2) @ J @ (p - b).unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(sr.grad_loss(A, x, b), ref, rtol=1e-12, atol=1e-15)
 
-
 def test_printed_sign_is_wrong_but_compact_form_right():
     inst = _inst(batch=4, n=10, d=3, R=1.0, seed=2)
     A, x, b = inst["A"], inst["x"], inst["b"]
     auto = sr.grad_loss_autograd(A, x, b)
     assert sr.max_rel_error(sr.grad_loss_printed_sign(A, x, b), auto) > 1e-3
-
 
 def test_objects_consistent():
     inst = _inst(batch=4, n=7, d=3, R=1.0, seed=3)
@@ -52,7 +49,6 @@ def test_objects_consistent():
     big = sr.sample_instances(2, 7, 3, 100.0, 0, x_where="sphere")
     assert torch.isfinite(sr.log_alpha(big["A"], big["x"])).all()
 
-
 def test_gd_descends_and_seed_update_ascends():
     inst = _inst(batch=8, n=20, d=4, R=2.0, seed=4)
     A, x, b = inst["A"], inst["x"] / 4, inst["b"]
@@ -62,14 +58,12 @@ def test_gd_descends_and_seed_update_ascends():
     demo = sr.sign_slip_demo(20, 4, 4.0, instances=4, steps=10)
     assert demo["descent"][-1] < demo["descent"][0] < demo["seed"][-1]
 
-
 def test_softmax_delta_matches_naive_when_not_saturated():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(5, 40, generator=g, dtype=torch.float64)
     dz = 1e-3 * torch.randn(5, 40, generator=g, dtype=torch.float64)
     naive = torch.softmax(z + dz, -1) - torch.softmax(z, -1)
     assert torch.allclose(sr.softmax_delta(z, dz), naive, rtol=1e-8, atol=1e-15)
-
 
 def test_softmax_delta_precise_when_saturated():
     mpmath = pytest.importorskip("mpmath")
@@ -92,8 +86,6 @@ def test_softmax_delta_precise_when_saturated():
     naive = (torch.softmax(z + dz, -1) - torch.softmax(z, -1))[0]
     assert abs(float(naive[0]) - float(ref[0])) > 0.5 * abs(float(ref[0]))
 
-
-# --------------------------------------------------------------------------- instances
 @pytest.mark.parametrize("R", [0.5, 4.0, 10.0])
 def test_generators_meet_norms(R):
     for where in ("ball", "sphere"):
@@ -106,7 +98,6 @@ def test_generators_meet_norms(R):
             assert torch.allclose(nx, torch.full_like(nx, R), rtol=1e-12)
         assert torch.allclose(inst["b"].sum(-1), torch.ones(16, dtype=torch.float64))
         assert (inst["b"] >= 0).all()
-
 
 def test_generators_seeded_and_validated():
     a, b = _inst(seed=11), _inst(seed=11)
@@ -122,72 +113,11 @@ def test_generators_seeded_and_validated():
     with pytest.raises(ValueError, match="kind"):
         sr.sample_b(2, 5, 0, kind="nope")
 
-
 def test_spectral_norm_matches_svd():
     g = torch.Generator().manual_seed(0)
     for shape in [(4, 30, 5), (4, 3, 8)]:
         A = torch.randn(*shape, generator=g, dtype=torch.float64)
         assert torch.allclose(sr.spectral_norm(A), torch.linalg.matrix_norm(A, ord=2), rtol=1e-12)
-
-
-# --------------------------------------------------------------------------- bounds
-def test_log_space_bounds_finite_for_huge_R():
-    for R in (4.0, 9.0, 100.0, 1e3):
-        for n in (2, 25, 1000):
-            lM, lI = sr.log_M(n, R), sr.log_intermediate_bound(n, R)
-            assert torch.isfinite(lM) and torch.isfinite(lI)
-            assert lM > lI  # the theorem's last steps only loosen the constant (R >= 4)
-    assert abs(float(sr.log_M(25, 4)) / sr.LN10 - 71.58) < 0.01  # REFERENCE: log10 M ~ 71.6
-    assert abs(float(sr.log_M(1000, 1e3)) - (1.5 * math.log(1000) + 1e7)) < 1e-6
-    # the lemma audit stays finite at R = 1e3 (A x up to 1e6)
-    inst = sr.sample_instances(3, 20, 4, 1e3, 0, x_where="sphere")
-    A, x = inst["A"], inst["x"]
-    u = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    y = x + (0.005 / sr.step_inf_x(A, u))[:, None] * u
-    audit = sr.lemma_audit(A, x, y, 1e3)
-    for name, (act, bnd) in audit.items():
-        assert torch.isfinite(bnd).all(), name
-        assert not torch.isnan(act).any(), name
-
-
-def test_tight_bound_never_violated():
-    """||f(x') - f(x)|| <= ||A||/2 ||x' - x|| for any step size; likewise in A with ||x||/2."""
-    g = torch.Generator().manual_seed(5)
-    for n, d, R in [(2, 1, 3.0), (5, 3, 10.0), (40, 6, 4.0), (200, 20, 8.0)]:
-        inst = sr.sample_instances(64, n, d, R, g)
-        A, x = inst["A"], inst["x"]
-        for scale in (1e-4, 1e-1, 1.0, 10.0):
-            dx = scale * torch.randn(64, d, generator=g, dtype=torch.float64)
-            assert (sr.ratio_x(A, x, dx) <= sr.tight_constant_x(A) * (1 + 1e-12)).all()
-            dA = scale * torch.randn(64, n, d, generator=g, dtype=torch.float64) / math.sqrt(n)
-            assert (sr.ratio_A(A, dA, x) <= sr.tight_constant_A(x) * (1 + 1e-12)).all()
-
-
-def test_weight_shift_experiment_small():
-    out = sr.weight_shift_experiment([10, 50], [4.0, 8.0], 5, instances=3, steps=6, seed=0)
-    assert out["all_steps_small"] and out["all_in_ball"]
-    assert out["all_M_hold"] and out["all_intermediate_hold"] and out["all_tight_hold"]
-    assert out["n_steps"] > 0
-    assert 60 < out["min_log10_M_over_worst"] < 80
-
-
-def test_data_shift_experiment_small():
-    out = sr.data_shift_experiment([10, 40], [4.0], 5, instances=3, steps=5, seed=0)
-    assert out["all_steps_small"] and out["all_norms_ok"]
-    assert out["all_M_hold"] and out["all_tight_hold"]
-    assert all(r["mean_shift_norm"] > 0 for r in out["rows"])
-
-
-def test_adversarial_search_respects_and_approaches_tight_bound():
-    res = sr.adversarial_search(8, 3, 4.0, restarts=3, iters=40, seed=0)
-    assert res["ratio"] <= res["bound"] * (1 + 1e-9)
-    assert res["ratio"] > res["bound"] / 10
-    inst = sr.sample_instances(1, 8, 3, 4.0, 1)
-    fixed = sr.adversarial_search(8, 3, 4.0, A=inst["A"][0], restarts=2, iters=10, seed=0)
-    assert torch.equal(fixed["A"], inst["A"][0])
-    resA = sr.adversarial_search(8, 3, 4.0, kind="A", restarts=2, iters=20, seed=0)
-    assert resA["ratio"] <= resA["bound"] * (1 + 1e-9)
-
 
 def test_weight_shift_equals_data_shift_exactly():
     inst = _inst(batch=5, n=25, d=6, R=4.0, seed=8)
@@ -202,7 +132,6 @@ def test_weight_shift_equals_data_shift_exactly():
     chk = sr.identity_check([10], 4, [4.0], per_cell=3)
     assert chk["max_rel_error"] < 1e-13
 
-
 def test_gd_trajectory_conditions():
     inst = _inst(batch=4, n=30, d=5, R=6.0, seed=9)
     t = sr.gd_trajectory(inst["A"], inst["x"], inst["b"], eta=50.0, steps=20, R=6.0)
@@ -212,43 +141,12 @@ def test_gd_trajectory_conditions():
     assert (sr.step_inf_x(A, t["dx"]) < sr.SMALL_STEP).all()
     assert t["loss"][-1].mean() < t["loss"][0].mean()
 
-
-def test_lemma_audit_all_hold():
-    out = sr.lemma_audit_experiment(30, 5, [4.0, 8.0], instances=16, seed=0)
-    assert out["all_hold"]
-    names = {r["lemma"] for r in out["rows"]}
-    assert {"3.3", "5.6", "5.7", "5.8", "5.5.1", "5.5.2", "5.5.3"} <= names
-    # Lemma 5.7 is Cauchy-Schwarz: slack at most sqrt(n)-ish orders, never astronomically loose
-    r57 = [r for r in out["rows"] if r["lemma"] == "5.7"]
-    assert all(r["log10_slack_min"] >= 0 for r in r57)
-
-
 def test_gradient_check_helper():
     out = sr.gradient_check([5, 50], 4, [1.0, 4.0], per_cell=2)
     assert out["max_rel_error"] < 1e-10 and out["min_rel_error_printed_sign"] > 1e-4
 
-
-# --------------------------------------------------------------------------- in-context learning
-def test_icl_tasks_and_encoding_shapes():
-    cfg = sr.ICLConfig(n=12, d=4, queries=3)
-    t = sr.sample_icl_tasks(cfg, 5, 0)
-    assert t["A"].shape == (5, 12, 4) and t["b"].shape == (5, 12) and t["Aq"].shape == (5, 3, 4)
-    assert t["yq"].shape == (5, 3)
-    assert torch.allclose(t["b"].sum(-1), torch.ones(5, dtype=torch.float64))
-    ctx = sr.encode_context(t["A"], t["b"])
-    assert ctx.shape == (5, 12, 5)
-    assert torch.allclose(ctx[..., -1].sum(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12)
-    q = sr.query_input(t["Aq"][:, 0])
-    assert q.shape == (5, 5) and (q[:, -1] == 1).all() and torch.equal(q[:, :4], t["Aq"][:, 0])
-    t2 = sr.sample_icl_tasks(cfg, 5, 0)
-    assert torch.equal(t["A"], t2["A"])
-    with pytest.raises(ValueError, match="signal"):
-        sr.ICLConfig(signal=0.0)
-
-
 def test_gd_one_step_from_zero_formula():
-    cfg = sr.ICLConfig(n=15, d=4, queries=2)
-    t = sr.sample_icl_tasks(cfg, 6, 1)
+    t = SoftmaxRegression(d=4, n=15).draw(6, 2, torch.Generator().manual_seed(1))
     x1 = sr.gd_one_step_from_zero(t["A"], t["b"], eta=2.0)
     ref = 2.0 / 15 * (t["A"].transpose(-1, -2) @ (t["b"] - 1 / 15).unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(x1, ref, rtol=1e-12, atol=1e-15)
@@ -256,16 +154,13 @@ def test_gd_one_step_from_zero_formula():
     assert y.shape == (6, 2) and s.shape == (6, 2, 4)
     assert torch.allclose(y, (t["Aq"] @ x1.unsqueeze(-1)).squeeze(-1))
 
-
 def _member(d, seed, dtype=torch.float32):
     from iclnb.models import SoftmaxAttention
 
     return sr.AttentionMember(SoftmaxAttention(d, heads=[1], seeds=[seed], device="cpu", dtype=dtype))
 
-
 def test_attention_member_shapes_seeds_and_sensitivity():
-    cfg = sr.ICLConfig(n=10, d=3, queries=4)
-    t = sr.sample_icl_tasks(cfg, 2, 0, dtype=torch.float64)
+    t = SoftmaxRegression(d=3, n=10).draw(2, 4, torch.Generator().manual_seed(0))
     l1, l2, l3 = _member(3, 0, torch.float64), _member(3, 0, torch.float64), _member(3, 1, torch.float64)
     y1 = l1.predict(t["A"], t["b"], t["Aq"])
     assert y1.shape == (2, 4)
@@ -280,12 +175,10 @@ def test_attention_member_shapes_seeds_and_sensitivity():
     ym = l1.predict(t["A"], t["b"], t["Aq"] - e)
     assert abs(float((yp - ym)[0, 1] / 2e-5) - float(s[0, 1, 2])) < 1e-6
 
-
 def test_small_omega_layer_is_one_gd_step():
     """With W_K^T W_Q = omega sqrt(D) I on the rows and value mu*u, the layer is GD with eta = n mu omega."""
     n, d = 50, 4
-    cfg = sr.ICLConfig(n=n, d=d, queries=3)
-    t = sr.sample_icl_tasks(cfg, 4, 2)
+    t = SoftmaxRegression(d=d, n=n).draw(4, 3, torch.Generator().manual_seed(2))
     layer = _member(d, 0, torch.float64)
     WQ, WK, WV, WO = layer.model.weights
     D = d + 1
@@ -296,28 +189,11 @@ def test_small_omega_layer_is_one_gd_step():
         WV.zero_()
         WV[0, d, d] = 1.0
         WO.zero_()
-        WO[0, d] = mu
+        WO[0, 0, d] = mu
     y_layer = layer.predict(t["A"], t["b"], t["Aq"])
     y_gd, _ = sr.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
     rel = ((y_layer - y_gd).abs().max() / y_gd.abs().max()).item()
     assert rel < 1e-2
-
-
-def test_train_and_compare_tiny():
-    cfg = sr.ICLConfig(n=10, d=3, queries=2)
-    tr = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, restarts=3, log_every=2, val_tasks=50)
-    tr2 = sr.train_icl_layer(cfg, steps=5, batch=8, seed=0, restarts=3, log_every=2, val_tasks=50)
-    assert tr["loss"] == tr2["loss"] and tr["steps"] == 5 and len(tr["val_mse"]) == 3
-    assert tr["val_mse"][tr["member"]] == min(tr["val_mse"]) and 0 <= tr["escaped"] <= 3
-    with pytest.raises(ValueError, match="restarts"):
-        sr.train_icl_layer(cfg, steps=5, restarts=0)
-    cmp = sr.icl_comparison(cfg, tr, eval_tasks=20, fit_tasks=20)
-    assert cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
-    assert cmp["uniform"]["cosine"] == 0.0
-    for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine"):
-        assert math.isfinite(cmp["layer"][k])
-    assert cmp["eta"] > 0
-
 
 def test_von_oswald_metrics_identity():
     g = torch.Generator().manual_seed(0)
@@ -329,6 +205,20 @@ def test_von_oswald_metrics_identity():
     assert m2["cosine"] == pytest.approx(1.0) and m2["rel_pred_diff"] == pytest.approx(1.0)
 
 
-def test_markdown_table():
-    md = markdown_table([{"a": 1, "b": 0.5, "c": True}], {"a": "A", "b": "B", "c": "ok"})
-    assert md.splitlines()[0] == "| A | B | ok |" and "yes" in md
+def test_train_through_engine_and_compare_tiny(tmp_path, monkeypatch):
+    """Chapter 1's layer trains on the engine (run cache included); best member on validation."""
+    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path))
+    task = SoftmaxRegression(d=3, n=10)
+    cfg = TrainConfig(model="softmax", task="softmax_regression", d=3, n=10, heads=(1, 1, 1), init_seeds=(1, 2, 3),
+                      steps=5, batch=8, lr=3e-3, log_every=2, device="cpu")
+    run = train(cfg, progress=False)
+    assert train(cfg, progress=False).from_cache
+    risks, best = select_best(run.model, task, num_prompts=50)
+    assert risks.shape == (3,) and risks[best[None]] == risks.min()
+    cmp = sr.icl_comparison(task, sr.AttentionMember(run.model, best[None]), sr.AttentionMember(build_model(cfg), 0),
+                            eval_tasks=20, fit_tasks=20, queries=2)
+    assert cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
+    assert cmp["uniform"]["cosine"] == 0.0
+    for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine"):
+        assert math.isfinite(cmp["layer"][k])
+    assert cmp["eta"] > 0

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.tasks import sample_tokens
-from iclnb.train import TrainConfig, _data_seed, build_model, cache_path, train
+from iclnb.tasks import LinearRegression
+from iclnb.train import TrainConfig, build_model, cache_path, prompt_stream, select_best, train
+from iclnb.util import generator
 
 TINY = dict(d=3, n=6, batch=16, steps=25, log_every=10, lr=1e-2, device="cpu", dtype="float64")
 
@@ -35,11 +36,11 @@ def test_matches_autograd_and_torch_adam():
     cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 5})
     ref = build_model(cfg)
     opt = torch.optim.Adam([ref.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
-    gen = torch.Generator().manual_seed(_data_seed(cfg.seed))
+    gen, task = generator(cfg.seed, "data"), LinearRegression(d=cfg.d, n=cfg.n, **cfg.task_params)
     first = None
     for _ in range(cfg.steps):
-        Z, q1, yq, _ = sample_tokens(cfg.batch, cfg.n, cfg.d, cfg.sigma2, gen, "cpu", torch.float64)
-        loss = ((ref.predict_tokens(Z, q1) - yq[:, None]) ** 2).mean(0)
+        p = task.sample(cfg.batch, gen, "cpu", torch.float64)
+        loss = ((ref.predict(p.Z, p.xq) - p.yq) ** 2).mean(1)
         first = loss.detach() if first is None else first
         opt.zero_grad()
         loss.sum().backward()
@@ -75,10 +76,31 @@ def test_member_trains_as_alone(init_seeds):
         np.testing.assert_allclose(ens.history.kq[k], alone.history.kq[0], atol=1e-10)
 
 
-def test_linear_model_and_covariance_train():
-    for extra in ({"model": "linear"}, {"rho": 0.5}):
+def test_every_model_and_task_trains():
+    for extra in ({"model": "linear"}, {"task_params": {"rho": 0.5}}, {"model": "normalized"},
+                  {"model": "normalized", "model_params": {"activation": "sigmoid"}}, {"task": "softmax_regression"}):
         run = train(TrainConfig(heads=(1, 2), **{**TINY, **extra}), cache=False)
-        assert np.isfinite(run.history.loss).all()
+        assert np.isfinite(run.history.loss).all() and run.history.omega[1].shape == (4, 2)
+
+
+def test_per_member_task_parameters():
+    """Each member draws its own prompts from its own task; a member trains as it would alone."""
+    cfg = TrainConfig(heads=(1, 1, 2), member_params=({"sigma2": 0.0}, {"sigma2": 1.0}, {}), **TINY)
+    assert [t.sigma2 for t in cfg.tasks] == [0.0, 1.0, 0.1]
+    p = prompt_stream(cfg, torch.device("cpu"), torch.float64)()
+    assert p.Z.shape == (3, 16, 6, 4) and p.yq.shape == (3, 16)
+    ens = train(cfg, cache=False)
+    alone = TrainConfig(heads=(1,), task_params={"sigma2": 1.0}, **TINY)
+    single = ens.model.member_weights(1)
+    assert cfg.member(1).member_params == ({"sigma2": 1.0, "rho": 0.0},)
+    assert np.isfinite(ens.history.loss).all() and single["WQ"].shape == (1, 4, 4)
+    assert cache_path(cfg) != cache_path(alone)
+
+
+def test_select_best():
+    run = train(TrainConfig(heads=(1, 1, 2), init_seeds=(1, 2, 3), **TINY), cache=False)
+    risks, chosen = select_best(run.model, LinearRegression(d=3, n=6), {"one": [0, 1], "two": [2]}, num_prompts=500)
+    assert risks.shape == (3,) and chosen["two"] == 2 and risks[chosen["one"]] == min(risks[:2])
 
 
 def test_nan_guard():
@@ -113,7 +135,7 @@ def test_cache_key_and_bypass():
     cfg = TrainConfig(heads=(1, 2), **TINY)
     assert cache_path(cfg) != cache_path(TrainConfig(heads=(1, 2), **{**TINY, "lr": 2e-2}))
     assert cache_path(cfg) == cache_path(TrainConfig(heads=[1, 2], **{**TINY, "lr": 0.01}))
-    zero = [cache_path(TrainConfig(heads=2, **{**TINY, "sigma2": s})) for s in (0, 0.0)]
+    zero = [cache_path(TrainConfig(heads=2, task_params={"sigma2": s}, **TINY)) for s in (0, 0.0)]
     assert zero[0] == zero[1]
     train(cfg, cache=False)
     assert not cache_path(cfg).exists()
@@ -129,9 +151,12 @@ def test_progress_bar(capsys, monkeypatch):
 
 @pytest.mark.parametrize("kwargs,name", [
     ({"model": "gpt"}, "model"), ({"d": 0}, "d"), ({"heads": 0}, "heads"), ({"heads": ()}, "heads"),
-    ({"n": 0}, "n"), ({"sigma2": -0.1}, "sigma2"), ({"steps": 0}, "steps"), ({"batch": 0}, "batch"),
+    ({"n": 0}, "n"), ({"task_params": {"sigma2": -0.1}}, "sigma2"), ({"steps": 0}, "steps"), ({"batch": 0}, "batch"),
     ({"lr": 0.0}, "lr"), ({"seed": -1}, "seed"), ({"log_every": 0}, "log_every"), ({"device": "tpu"}, "device"),
-    ({"dtype": "float16"}, "dtype"), ({"init_seeds": (1,)}, "init_seeds"), ({"rho": 1.0}, "rho"),
+    ({"dtype": "float16"}, "dtype"), ({"init_seeds": (1,)}, "init_seeds"), ({"task_params": {"rho": 1.0}}, "rho"),
+    ({"task": "nope"}, "task"), ({"task_params": {"signal": 1.0}}, "linear_regression parameter"),
+    ({"member_params": ({},)}, "member_params"), ({"model_params": {"activation": "tanh"}, "model": "normalized"}, "activation"),
+    ({"model_params": {"n_train": 3}}, "softmax parameter"),
 ])
 def test_bad_config(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
