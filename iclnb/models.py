@@ -280,23 +280,27 @@ class _Attention(Ensemble):
         #   centred kernels: dL/ds_i = phi'(s_i) (w_i - c);  linear: dL/ds_i = w_i (phi' = 1, no c).
         # _kernel gives phi' (dphi; the same tensor as A1 for exp, None for phi' = 1). One output
         # (T = 1) takes plain elementwise forms: tiny matrix products cost more than they compute.
-        if T == 1:
+        if T == 1:  # gn is one number per head: scale after the product (as for the centring)
             err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
             loss = torch.mean(err.square(), 0, out=loss_out)
             gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,M,1)
-            A2 = V[:, :, 0] * gn
+            A2 = V[:, :, 0] if dphi is None else V[:, :, 0] * dphi
+            G2 = torch.bmm(Zt, A2.transpose(1, 2))  # (B,D,M)
+            if self.centred:
+                G2 -= (G1 if dphi is A1 else torch.bmm(Zt, dphi.transpose(1, 2))) * yh.transpose(1, 2)
+            G2.mul_(gn.transpose(1, 2))  # dL/du up to the constant factor
         else:
             err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
             loss = err.square().mean((0, 2))
             loss = loss if loss_out is None else loss_out.copy_(loss)
             gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,M,T)
             A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,M,n)
-        if dphi is not None:
-            A2 = A2.mul_(dphi)
-        G2 = torch.bmm(Zt, A2.transpose(1, 2))  # (B,D,M): dL/du up to the constant factor
-        if self.centred:
-            G3 = G1 if dphi is A1 else torch.bmm(Zt, dphi.transpose(1, 2))
-            G2 -= G3 * (gn * yh).sum(2).unsqueeze(1)
+            if dphi is not None:
+                A2 = A2.mul_(dphi)
+            G2 = torch.bmm(Zt, A2.transpose(1, 2))  # (B,D,M): dL/du up to the constant factor
+            if self.centred:
+                G3 = G1 if dphi is A1 else torch.bmm(Zt, dphi.transpose(1, 2))
+                G2 -= G3 * (gn * yh).sum(2).unsqueeze(1)
         # dL/dP for P = W_O W_V = OV^T, (M,T,D)
         dOV = ((G1 * gn[..., 0].unsqueeze(1)).sum(0).T.unsqueeze(1) if T == 1
                else torch.einsum("bdm,bmt->mtd", G1, gn)).mul_(2 / (B * T))
