@@ -24,15 +24,16 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from scipy.integrate import solve_ivp
-from scipy.optimize import brentq, minimize_scalar
+from scipy.optimize import brentq
 
 from .circuits import classify_heads
 from .tasks import check, check_int, check_real
 
 __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
-    "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
+    "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
     "established_at", "training_stages", "fit_time_scale",
 ]
 
@@ -160,6 +161,34 @@ def asymptotic_step(n: int, d: int, sigma2: float) -> float:
     return 1.0 / (1.0 + d * _params(n, d, sigma2))
 
 
+def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 20_000, seed: int = 0,
+                 device="cpu", dtype=torch.float64, return_se: bool = False):
+    """The true loss E(y_hat - y_q)^2 (Monte Carlo, noisy target) of the +- pair omega = (w, -w),
+    mu = (m, -m) at every w in ``omegas`` and m in ``mus``: an array (len(omegas), len(mus)), to set
+    beside :func:`approx_loss` on the same grid.
+
+    The predictor is ``iclnb.predictors.kernel_sum_predict`` and the estimate
+    ``iclnb.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
+    whole grid: common random numbers, so neighbouring grid points differ by little Monte Carlo
+    noise. The prediction is linear in m, so each w costs one kernel-sum call (mu = (1, -1)),
+    scaled by every m. With ``return_se`` also the standard errors (same shape).
+    """
+    from .predictors import kernel_sum_predict, mc_risk
+
+    _params(n, d, sigma2)
+    w = np.asarray(omegas, dtype=np.float64).ravel()
+    m = torch.as_tensor(np.asarray(mus, dtype=np.float64).ravel(), dtype=dtype, device=device)
+
+    def predict(X, y, xq):  # (len(w) * len(m), B)
+        g = torch.stack([kernel_sum_predict(X, y, xq, [wi, -wi], [1.0, -1.0]) for wi in w])
+        return (g[:, None, :] * m[None, :, None]).reshape(-1, X.shape[0])
+
+    risk, se = mc_risk(predict, n, d, sigma2, num_prompts=num_prompts, chunk=2000, seed=seed, device=device,
+                       dtype=dtype, return_se=True)
+    shape = (w.size, m.numel())
+    return (risk.reshape(shape), se.reshape(shape)) if return_se else risk.reshape(shape)
+
+
 # ------------------------------------------------------------------------------ gradient flow
 @dataclass
 class Trajectory:
@@ -226,56 +255,57 @@ def peak(t, x) -> tuple[float, float, float]:
 class OdePhases:
     """The three phases of appendix B found on a trajectory (times; None when not reached)."""
 
-    t_sync_end: float | None  # end of phase I (synchronous growth)
+    t_growth_end: float | None  # end of phase I: the exponential growth slows down
     t_peak: float | None  # end of phase II: the peak of |omega|
+    t_sync_end: float | None  # when mu_h / omega_h first leaves [1 - ratio_tol, 1 + ratio_tol]
+    ratio_dev_phase1: float  # max over phase I and heads of |mu_h / omega_h - 1|
     omega_peak: float  # max over t and h of |omega_h(t)|
-    peak_head: int
+    peak_head: int  # the head of that maximum (the first, when heads tie by symmetry)
     decay: float  # |omega_peak_head(t_end)| / omega_peak
-    ratio_tol: float
 
 
-def ode_phases(traj: Trajectory, ratio_tol: float = 0.01) -> OdePhases:
+def ode_phases(traj: Trajectory, rate_frac: float = 0.9, ratio_tol: float = 0.01) -> OdePhases:
     """Phases I/II/III of the gradient flow from a start with mu_h = omega_h (appendix B, Definition B.1).
 
-    Rules. **Phase I** (exponential, synchronous growth) lasts while every head's ratio
-    mu_h / omega_h stays within ``ratio_tol`` (default 1%) of 1; it ends at the first time the
-    ratio of some head leaves [1 - tol, 1 + tol]. **Phase II** (slowed growth) ends at the peak of
-    omega: the time of the maximum over t of max_h |omega_h(t)|, i.e. where d|omega_h|/dt = 0 for
-    the head that peaks highest. **Phase III** (convergence) follows. Both times are located on
-    the sampled grid and then refined to the solver's accuracy with a root finder (brentq) on the
-    dense output: the ratio crossing, and the zero of d omega_h/dt from :func:`flow_rhs`. A
-    boundary not reached before t_end (or a peak at t_end) is None.
+    Rules, on the head h whose |omega_h| peaks highest. **Phase I** (exponential, synchronous
+    growth) ends when the growth rate (d|omega_h|/dt) / |omega_h| first falls below ``rate_frac``
+    (90%) of its value at t = 0. **Phase II** (slowed growth) ends at the peak of omega, the
+    maximum over t of |omega_h(t)|, where d|omega_h|/dt = 0. **Phase III** (convergence) follows.
+    Separately, ``t_sync_end`` is the first time some head's mu_h / omega_h leaves
+    [1 - ratio_tol, 1 + ratio_tol] (1%), and ``ratio_dev_phase1`` the largest |mu_h/omega_h - 1|
+    in phase I. Each time is found on the sampled grid and refined with a root finder (brentq)
+    on the solver's dense output, with the rates from :func:`flow_rhs`. A boundary not reached
+    before t_end (or a peak at t_end) is None.
     """
+    check_real("rate_frac", rate_frac, strict=True)
     check_real("ratio_tol", ratio_tol, strict=True)
     w, m, t = traj.omega, traj.mu, traj.t
     with np.errstate(divide="ignore", invalid="ignore"):
         dev = np.nanmax(np.abs(m / w - 1.0), axis=1)
     check("traj", f"max |mu/omega - 1| = {dev[0]:.3g} at t = {t[0]:g}", dev[0] <= ratio_tol,
           "a trajectory that starts with mu_h = omega_h within ratio_tol (Definition B.1)")
-    dense = traj.dense
-    out = np.flatnonzero(dev > ratio_tol)
-    t_sync = None
-    if out.size:
-        i = int(out[0])
-        t_sync = float(t[i])
-        if dense is not None:
-            def g(s):
-                ws, ms = traj.at(s)
-                return float(np.max(np.abs(ms / ws - 1.0))) - ratio_tol
-            t_sync = brentq(g, t[i - 1], t[i], xtol=1e-10)
-    a = np.abs(w)
-    top_h = a.max(axis=0)
-    h = int(np.flatnonzero(top_h >= top_h.max() * (1 - 1e-9))[0])  # the first of heads tied by symmetry
-    i = int(np.argmax(a[:, h]))
-    t_peak = float(t[i]) if 0 < i < len(t) - 1 else None
-    if t_peak is not None and dense is not None:
-        def dw(s):
-            ws, ms = traj.at(s)
-            return float(flow_rhs(ws, ms, traj.n, traj.d, traj.sigma2)[0][h] * np.sign(ws[h]))
-        t_peak = brentq(dw, t[i - 1], t[i + 1], xtol=1e-10)
-    top = float(np.abs(traj.at(t_peak)[0][h])) if t_peak is not None and dense is not None else float(a[i, h])
-    return OdePhases(t_sync_end=t_sync, t_peak=t_peak, omega_peak=top, peak_head=h, decay=float(a[-1, h]) / top,
-                     ratio_tol=float(ratio_tol))
+    top_h = np.abs(w).max(axis=0)
+    h = int(np.flatnonzero(top_h >= top_h.max() * (1 - 1e-9))[0])
+
+    def rate(s):  # (d|omega_h|/dt) / |omega_h| at time(s) s
+        ws, ms = traj.at(s)
+        return flow_rhs(ws, ms, traj.n, traj.d, traj.sigma2)[0][..., h] / ws[..., h]
+
+    def first(f, i):  # refine the first sign change of f between grid points i - 1 and i
+        return None if i is None else float(brentq(f, t[i - 1], t[i], xtol=1e-10))
+
+    r = rate(t)
+    check("traj", f"growth rate {r[0]:.3g} of |omega| at t = {t[0]:g}", r[0] > 0, "a start where |omega| grows")
+    idx = lambda mask: int(np.argmax(mask)) if mask.any() else None  # noqa: E731
+    i_peak = int(np.argmax(np.abs(w[:, h])))
+    t_growth = first(lambda s: rate(s) - rate_frac * r[0], idx(r < rate_frac * r[0]))
+    interior = 0 < i_peak < len(t) - 1 and r[i_peak - 1] > 0 > r[i_peak + 1]
+    t_peak = float(brentq(rate, t[i_peak - 1], t[i_peak + 1], xtol=1e-10)) if interior else None
+    t_sync = first(lambda s: np.max(np.abs(traj.at(s)[1] / traj.at(s)[0] - 1.0)) - ratio_tol, idx(dev > ratio_tol))
+    top = float(np.abs(traj.at(t_peak)[0][h])) if t_peak is not None else float(np.abs(w[i_peak, h]))
+    phase1 = t < t_growth if t_growth is not None else np.ones(len(t), bool)
+    return OdePhases(t_growth_end=t_growth, t_peak=t_peak, t_sync_end=t_sync, ratio_dev_phase1=float(dev[phase1].max()),
+                     omega_peak=top, peak_head=h, decay=float(np.abs(w[-1, h])) / top)
 
 
 # ---------------------------------------------------------------------- patterns over training
@@ -367,27 +397,29 @@ def training_stages(p: Patterns, zero_sum_max: float = 0.1, spread_max: float = 
     return out
 
 
-def fit_time_scale(steps, omega, mu, traj: Trajectory, bounds=None) -> tuple[float, float]:
-    """Fit t = s * step mapping a training history onto an ODE trajectory: returns (s, rms).
+def _landmarks(t, a, frac: float) -> tuple[float, float]:
+    """(first time a(t) reaches frac * its maximum (linear interpolation), time of the maximum)."""
+    i = int(np.argmax(a))
+    j = int(np.argmax(a[: i + 1] >= frac * a[i]))
+    check("omega", f"|omega| rises from {a[0]:.3g} to a peak {a[i]:.3g} at step {t[i]:g}", 0 < j <= i < len(a) - 1,
+          f"a history whose mean |omega_h| starts below {frac:g} of an interior peak")
+    u = t[j - 1] + (frac * a[i] - a[j - 1]) / (a[j] - a[j - 1]) * (t[j] - t[j - 1])
+    return float(u), float(t[i])
 
-    Least squares over all logged steps and heads of (omega, mu) against the trajectory at
-    s * step (its dense output), minimised over log s by a bounded scalar search (``bounds``:
-    (s_min, s_max), default spanning 1e-4 of the trajectory's time per step to the longest s
-    that stays within it). ``omega``, ``mu``: (T, H) like the trajectory's heads.
+
+def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[float, float]:
+    """The affine time map t = t0 + s * step that lays a training history on an ODE trajectory: (s, t0).
+
+    Rule: on both, a = the mean over heads of |omega_h|; the map sends the history's two
+    landmarks onto the trajectory's: the first time a reaches ``frac`` (half) of its peak, and
+    the time of the peak (both by linear interpolation between samples). It matches the rise and
+    the peak; how the later parts compare is then a finding, not a fit.
     """
-    w, m = _pair(omega, mu)
+    check_real("frac", frac, strict=True)
+    w = _arr("omega", omega)
     steps = np.asarray(steps, dtype=np.float64)
-    check("omega", w.shape, w.ndim == 2 and w.shape == (steps.size, traj.omega.shape[1]),
-          f"an array (T, H) = ({steps.size}, {traj.omega.shape[1]})")
-    hi = traj.t[-1] / steps[-1]
-    lo, hi = bounds if bounds is not None else (1e-4 * hi, hi)
-
-    def rms(log_s):
-        ws, ms = traj.at(np.exp(log_s) * steps)
-        return math.sqrt(float(np.mean((ws - w) ** 2 + (ms - m) ** 2)))
-
-    grid = np.linspace(math.log(lo), math.log(hi), 61)
-    j = int(np.argmin([rms(g) for g in grid]))
-    a, b = grid[max(j - 1, 0)], grid[min(j + 1, 60)]
-    r = minimize_scalar(rms, bounds=(a, b), method="bounded", options={"xatol": 1e-6})
-    return float(math.exp(r.x)), float(r.fun)
+    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (T, H) with T = {steps.size}")
+    h1, h2 = _landmarks(steps, np.abs(w).mean(1), frac)
+    o1, o2 = _landmarks(traj.t, np.abs(traj.omega).mean(1), frac)
+    s = (o2 - o1) / (h2 - h1)
+    return float(s), float(o1 - s * h1)

@@ -14,7 +14,7 @@ from scipy.optimize import minimize
 
 from iclnb import dynamics as dyn
 from iclnb.circuits import circuit_metrics, classify_heads
-from iclnb.predictors import debiased_gd_optimal_step
+from iclnb.predictors import debiased_gd_optimal_step, kernel_sum_predict, mc_risk
 
 N, D, S2 = 40, 5, 0.1
 C = (1 + S2) / N
@@ -62,6 +62,16 @@ def test_broadcasting_on_a_grid():
 
 def test_reference_point():
     assert dyn.approx_loss([0.13, -0.13], [3.45, -3.45], N, D, S2) == pytest.approx(0.221, abs=5e-4)
+
+
+def test_monte_carlo_pair_loss():
+    risk, se = dyn.mc_pair_loss([0.0, 0.13], [0.0, 3.45], N, D, S2, num_prompts=20_000, seed=1, return_se=True)
+    assert risk.shape == se.shape == (2, 2)
+    assert risk[1, 1] == pytest.approx(0.242, abs=4 * se[1, 1] + 5e-4)  # 200k-prompt reference value
+    assert risk[0, 1] == pytest.approx(risk[0, 0]) == pytest.approx(risk[1, 0])  # w = 0 or m = 0: y_hat = 0
+    direct = mc_risk(lambda X, y, xq: kernel_sum_predict(X, y, xq, [0.13, -0.13], [3.45, -3.45]), N, D, S2,
+                     num_prompts=20_000, chunk=2000, seed=1, dtype=torch.float64)
+    assert risk[1, 1] == pytest.approx(direct, rel=1e-12)
 
 
 def test_mu_star_is_the_numerical_minimiser():
@@ -155,14 +165,17 @@ def test_ode_phases(two_head):
     ph = dyn.ode_phases(two_head)
     assert ph.omega_peak == pytest.approx(0.577, abs=0.002)
     assert ph.t_peak == pytest.approx(7.7, abs=0.1)
-    assert 6.0 < ph.t_sync_end < ph.t_peak
+    assert 5.0 < ph.t_growth_end < 6.0  # the authors shade phase I up to t = 5.5 by hand
+    assert ph.ratio_dev_phase1 < 1e-4  # mu/omega = 1.000 throughout phase I
+    assert ph.t_growth_end < ph.t_sync_end < ph.t_peak
     w, m = two_head.at(ph.t_sync_end)
     assert abs(m[0] / w[0] - 1) == pytest.approx(0.01, abs=1e-7)  # refined onto the boundary
-    assert abs(dyn.flow_rhs(*two_head.at(ph.t_peak), N, D, S2)[0][ph.peak_head]) < 1e-8
+    dw, _ = dyn.flow_rhs(*two_head.at([0.0, ph.t_growth_end, ph.t_peak]), N, D, S2)
+    rate = dw[:, ph.peak_head] / two_head.at([0.0, ph.t_growth_end, ph.t_peak])[0][:, ph.peak_head]
+    assert rate[1] == pytest.approx(0.9 * rate[0], rel=1e-6) and abs(rate[2]) < 1e-8
     assert ph.decay == pytest.approx(0.27 / 0.577, abs=0.02)
-    short = dyn.gradient_flow([1e-3, -1e-3], [1e-3, -1e-3], 5.0, N, D, S2)
-    ph = dyn.ode_phases(short)
-    assert ph.t_sync_end is None and ph.t_peak is None
+    ph = dyn.ode_phases(dyn.gradient_flow([1e-3, -1e-3], [1e-3, -1e-3], 5.0, N, D, S2))
+    assert ph.t_growth_end is None and ph.t_sync_end is None and ph.t_peak is None
     with pytest.raises(ValueError, match="traj"):
         dyn.ode_phases(dyn.gradient_flow([0.1, -0.1], [0.2, -0.1], 1.0, N, D, S2))
 
@@ -236,11 +249,13 @@ def test_diag_ratio_as_circuit_metrics():
         assert p.diag_ratio[i] == pytest.approx(min(live), rel=1e-12)
 
 
-def test_fit_time_scale_recovers_a_known_scale(two_head):
-    steps = np.arange(0, 60001, 500)
-    w, m = two_head.at(2.5e-3 * steps)
-    s, rms = dyn.fit_time_scale(steps, w, m, two_head)
-    assert s == pytest.approx(2.5e-3, rel=1e-4) and rms < 1e-6
+def test_fit_time_scale_recovers_a_known_map(two_head):
+    steps = np.arange(0, 3001, 20)
+    w, _ = two_head.at(3.0 + 2.5e-3 * steps)
+    s, t0 = dyn.fit_time_scale(steps, w, two_head)
+    assert s == pytest.approx(2.5e-3, rel=0.01) and t0 == pytest.approx(3.0, abs=0.02)
+    with pytest.raises(ValueError, match="^omega="):  # no interior peak
+        dyn.fit_time_scale(steps[:80], w[:80], two_head)
 
 
 @pytest.mark.parametrize("kw, name", [(dict(n=0), "n"), (dict(d=0), "d"), (dict(sigma2=-0.1), "sigma2"),
