@@ -171,9 +171,12 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
     ``iclnb.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
     whole grid: common random numbers, so neighbouring grid points differ by little Monte Carlo
     noise. The prediction is linear in m, so each w costs one kernel-sum call (mu = (1, -1)),
-    scaled by every m. With ``return_se`` also the standard errors (same shape).
+    scaled by every m. With ``return_se`` also the standard errors (same shape). On CPU it runs
+    with the training engine's thread policy (``iclnb.train.cpu_threads``: one thread unless
+    ``$ICLNB_THREADS`` says otherwise), which keeps it fast on shared cores.
     """
     from .predictors import kernel_sum_predict, mc_risk
+    from .train import cpu_threads
 
     _params(n, d, sigma2)
     w = np.asarray(omegas, dtype=np.float64).ravel()
@@ -183,8 +186,9 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
         g = torch.stack([kernel_sum_predict(X, y, xq, [wi, -wi], [1.0, -1.0]) for wi in w])
         return (g[:, None, :] * m[None, :, None]).reshape(-1, X.shape[0])
 
-    risk, se = mc_risk(predict, n, d, sigma2, num_prompts=num_prompts, chunk=2000, seed=seed, device=device,
-                       dtype=dtype, return_se=True)
+    with cpu_threads(torch.device(device)):
+        risk, se = mc_risk(predict, n, d, sigma2, num_prompts=num_prompts, chunk=2000, seed=seed, device=device,
+                           dtype=dtype, return_se=True)
     shape = (w.size, m.numel())
     return (risk.reshape(shape), se.reshape(shape)) if return_se else risk.reshape(shape)
 
