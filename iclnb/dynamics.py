@@ -6,12 +6,13 @@ approximate its risk (noisy target, so sigma^2 is included once) by
 
     Ltilde(omega, mu) = 1 + sigma2 - 2 mu^T omega + mu^T [omega omega^T + c exp(d omega omega^T)] mu,
 
-``c = (1 + sigma2) / n``, exp entrywise. This module holds that loss and its gradient, the best
-``mu`` for a fixed ``omega``, the solution manifold of a +- pair (section 4.2), the gradient flow
-of ``Ltilde / 2`` (appendix B) for any H, integrated with ``scipy.integrate.solve_ivp``, and
-rules that detect the stages of training from data: the phases of an ODE trajectory, and the
-patterns (sign matching, zero-sum OV, homogeneous KQ scaling, diagonal KQ) over a logged
-training history. Every rule is stated in its function's docstring.
+``c = (1 + sigma2) / n``, exp entrywise. This module holds that loss and its gradient (and, to
+check it, the Monte Carlo true loss of a +- pair on a grid), the best ``mu`` for a fixed
+``omega``, the solution manifold of a +- pair (section 4.2), the gradient flow of ``Ltilde / 2``
+(appendix B) for any H, integrated with ``scipy.integrate.solve_ivp``, and rules that detect the
+stages of training from data: the phases of an ODE trajectory, the patterns (sign matching,
+zero-sum OV, homogeneous KQ scaling, diagonal KQ) over a logged training history, and a time map
+from training steps to ODE time. Every rule is stated in its function's docstring.
 
 Functions take numpy arrays, torch tensors or sequences and return numpy arrays (python floats
 for scalars). ``n`` (context length), ``d`` (dimension) and ``sigma2`` (noise variance) are
