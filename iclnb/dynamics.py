@@ -1,0 +1,430 @@
+"""The approximate loss of the sum-of-kernels parameters and its gradient flow, and stage detection.
+
+He, Pan, Chen and Yang (2025, arXiv 2503.12734, Proposition 4.1) reduce a trained H-head
+attention layer to its KQ scales ``omega`` and OV label weights ``mu`` (both in R^H) and
+approximate its risk (noisy target, so sigma^2 is included once) by
+
+    Ltilde(omega, mu) = 1 + sigma2 - 2 mu^T omega + mu^T [omega omega^T + c exp(d omega omega^T)] mu,
+
+``c = (1 + sigma2) / n``, exp entrywise. This module holds that loss and its gradient (and, to
+check it, the Monte Carlo true loss of a +- pair on a grid), the best ``mu`` for a fixed
+``omega``, the solution manifold of a +- pair (section 4.2), the gradient flow of ``Ltilde / 2``
+(appendix B) for any H, integrated with ``scipy.integrate.solve_ivp``, and rules that detect the
+stages of training from data: the phases of an ODE trajectory, the patterns (sign matching,
+zero-sum OV, homogeneous KQ scaling, diagonal KQ) over a logged training history, and a time map
+from training steps to ODE time. Every rule is stated in its function's docstring.
+
+Functions take numpy arrays, torch tensors or sequences and return numpy arrays (python floats
+for scalars). ``n`` (context length), ``d`` (dimension) and ``sigma2`` (noise variance) are
+checked at once: a bad value raises ``ValueError`` naming the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.integrate import solve_ivp
+from scipy.optimize import brentq
+
+from .circuits import classify_heads
+from .tasks import check, check_int, check_real
+
+__all__ = [
+    "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
+    "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
+    "established_at", "training_stages", "fit_time_scale",
+]
+
+
+# ------------------------------------------------------------------------------------ the loss
+def _params(n, d, sigma2) -> float:
+    check_int("n", n, 1)
+    check_int("d", d, 1)
+    check_real("sigma2", sigma2)
+    return (1.0 + sigma2) / n
+
+
+def _arr(name, a) -> np.ndarray:
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    a = np.asarray(a, dtype=np.float64)
+    check(name, a.shape, a.ndim >= 1 and a.shape[-1] >= 1, "an array (..., H) with H at least 1")
+    return a
+
+
+def _pair(omega, mu) -> tuple[np.ndarray, np.ndarray]:
+    w, m = _arr("omega", omega), _arr("mu", mu)
+    check("mu", m.shape, m.shape[-1] == w.shape[-1], f"an array (..., H) with H = {w.shape[-1]}, as omega")
+    try:
+        shape = np.broadcast_shapes(w.shape, m.shape)
+    except ValueError:
+        check("mu", m.shape, False, f"an array whose shape broadcasts with omega's {w.shape}")
+    return np.broadcast_to(w, shape), np.broadcast_to(m, shape)
+
+
+def _out(a):
+    return float(a) if np.ndim(a) == 0 else a
+
+
+def approx_loss(omega, mu, n: int, d: int, sigma2: float):
+    """Ltilde(omega, mu) of Proposition 4.1; ``omega``, ``mu`` of shape (..., H) (broadcast), returns (...)."""
+    c = _params(n, d, sigma2)
+    w, m = _pair(omega, mu)
+    E = np.exp(d * w[..., :, None] * w[..., None, :])
+    wm = (w * m).sum(-1)
+    return _out(1.0 + sigma2 - 2.0 * wm + wm**2 + c * np.einsum("...i,...ij,...j->...", m, E, m))
+
+
+def approx_loss_grad(omega, mu, n: int, d: int, sigma2: float):
+    """The gradient (dLtilde/domega, dLtilde/dmu), each of shape (..., H):
+
+    dL/dmu_h    = -2 omega_h + 2 omega_h (omega^T mu) + 2 c sum_j exp(d omega_h omega_j) mu_j
+    dL/domega_h = -2 mu_h + 2 mu_h (mu^T omega) + 2 c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
+    """
+    c = _params(n, d, sigma2)
+    w, m = _pair(omega, mu)
+    E = np.exp(d * w[..., :, None] * w[..., None, :])
+    wm = (w * m).sum(-1, keepdims=True)
+    g_mu = -2 * w + 2 * w * wm + 2 * c * np.einsum("...ij,...j->...i", E, m)
+    g_w = -2 * m + 2 * m * wm + 2 * c * d * m * np.einsum("...ij,...j->...i", E, m * w)
+    return g_w, g_mu
+
+
+def flow_rhs(omega, mu, n: int, d: int, sigma2: float):
+    """The gradient flow of Ltilde/2 (appendix B), written out: returns (domega/dt, dmu/dt), each (..., H):
+
+    dmu_h/dt    = omega_h - omega_h (omega^T mu) - c sum_j exp(d omega_h omega_j) mu_j
+    domega_h/dt = mu_h - mu_h (mu^T omega) - c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
+
+    This is minus half of :func:`approx_loss_grad` (the tests check it).
+    """
+    c = _params(n, d, sigma2)
+    w, m = _pair(omega, mu)
+    E = np.exp(d * w[..., :, None] * w[..., None, :])
+    wm = (w * m).sum(-1, keepdims=True)
+    dm = w - w * wm - c * np.einsum("...ij,...j->...i", E, m)
+    dw = m - m * wm - c * d * m * np.einsum("...ij,...j->...i", E, m * w)
+    return dw, dm
+
+
+# ---------------------------------------------------------------------- best mu, solution manifold
+def mu_star(omega, n: int, d: int, sigma2: float) -> np.ndarray:
+    """The minimiser over mu of Ltilde for fixed omega (..., H): [omega omega^T + c exp(d omega omega^T)]^{-1} omega.
+
+    The matrix is positive semi-definite and omega lies in its range, so this minimises the
+    quadratic; where it is singular (two heads with equal omega, or omega = 0) the
+    minimum-norm minimiser (pseudo-inverse) is returned.
+    """
+    c = _params(n, d, sigma2)
+    w = _arr("omega", omega)
+    A = w[..., :, None] * w[..., None, :] + c * np.exp(d * w[..., :, None] * w[..., None, :])
+    try:
+        return np.linalg.solve(A, w[..., None])[..., 0]
+    except np.linalg.LinAlgError:
+        return np.einsum("...ij,...j->...i", np.linalg.pinv(A, hermitian=True), w)
+
+
+@dataclass
+class Manifold:
+    """The solution manifold of a +- pair omega = (w, -w), mu = (m, -m), at the best m for each w."""
+
+    omega: np.ndarray  # the scales w
+    mu: np.ndarray  # m*(w) = w / (2 (w^2 + c sinh(d w^2))) (inf at w = 0)
+    loss: np.ndarray  # Ltilde at m*: 1 + sigma2 - w^2 / (w^2 + c sinh(d w^2)) = 1 + sigma2 - step
+    step: np.ndarray  # effective GD step 2 w m* = 1 / (1 + c d sinh(d w^2) / (d w^2))
+
+
+def manifold(omegas, n: int, d: int, sigma2: float) -> Manifold:
+    """Section 4.2's solution manifold for a +- pair, at each scale in ``omegas`` (any shape).
+
+    For omega = (w, -w), mu = (m, -m): Ltilde = 1 + sigma2 - 4 w m + 4 m^2 (w^2 + c sinh(d w^2)),
+    minimised by m* = w / (2 (w^2 + c sinh(d w^2))); then 2 w m* = w^2 / (w^2 + c sinh(d w^2)) and
+    Ltilde(m*) = 1 + sigma2 - 2 w m*. Evaluated through sinh(x)/x, so w = 0 gives the limits
+    (step = :func:`asymptotic_step`, mu = inf). The loss rises with |w|: the valley is almost
+    flat as w -> 0.
+    """
+    c = _params(n, d, sigma2)
+    w = np.asarray(omegas, dtype=np.float64)
+    x = d * w**2
+    shc = np.where(x > 0, np.sinh(x) / np.where(x > 0, x, 1.0), 1.0)
+    step = 1.0 / (1.0 + c * d * shc)
+    with np.errstate(divide="ignore"):
+        mu = step / (2.0 * w)
+    return Manifold(omega=w, mu=mu, loss=1.0 + sigma2 - step, step=step)
+
+
+def asymptotic_step(n: int, d: int, sigma2: float) -> float:
+    """The manifold's step as omega -> 0: 1 / (1 + d (1 + sigma2) / n) (the paper's eta*; it equals the
+    exact finite-n optimum of debiased GD, ``iclnb.predictors.debiased_gd_optimal_step``)."""
+    return 1.0 / (1.0 + d * _params(n, d, sigma2))
+
+
+def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 20_000, seed: int = 0,
+                 device="cpu", dtype=torch.float64, return_se: bool = False):
+    """The true loss E(y_hat - y_q)^2 (Monte Carlo, noisy target) of the +- pair omega = (w, -w),
+    mu = (m, -m) at every w in ``omegas`` and m in ``mus``: an array (len(omegas), len(mus)), to set
+    beside :func:`approx_loss` on the same grid.
+
+    The predictor is ``iclnb.predictors.kernel_sum_predict`` and the estimate
+    ``iclnb.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
+    whole grid: common random numbers, so neighbouring grid points differ by little Monte Carlo
+    noise. The prediction is linear in m, so each w costs one kernel-sum call (mu = (1, -1)),
+    scaled by every m. With ``return_se`` also the standard errors (same shape). On CPU it runs
+    with the training engine's thread policy (``iclnb.train.cpu_threads``: one thread unless
+    ``$ICLNB_THREADS`` says otherwise), which keeps it fast on shared cores.
+    """
+    from .predictors import kernel_sum_predict, mc_risk
+    from .train import cpu_threads
+
+    _params(n, d, sigma2)
+    w = np.asarray(omegas, dtype=np.float64).ravel()
+    m = torch.as_tensor(np.asarray(mus, dtype=np.float64).ravel(), dtype=dtype, device=device)
+
+    def predict(X, y, xq):  # (len(w) * len(m), B)
+        g = torch.stack([kernel_sum_predict(X, y, xq, [wi, -wi], [1.0, -1.0]) for wi in w])
+        return (g[:, None, :] * m[None, :, None]).reshape(-1, X.shape[0])
+
+    with cpu_threads(torch.device(device)):
+        risk, se = mc_risk(predict, n, d, sigma2, num_prompts=num_prompts, chunk=2000, seed=seed, device=device,
+                           dtype=dtype, return_se=True)
+    shape = (w.size, m.numel())
+    return (risk.reshape(shape), se.reshape(shape)) if return_se else risk.reshape(shape)
+
+
+# ------------------------------------------------------------------------------ gradient flow
+@dataclass
+class Trajectory:
+    """A gradient-flow solution sampled at times ``t`` (T,): ``omega``, ``mu`` (T, H), ``loss`` (T,) = Ltilde."""
+
+    t: np.ndarray
+    omega: np.ndarray
+    mu: np.ndarray
+    loss: np.ndarray
+    n: int
+    d: int
+    sigma2: float
+    solver: str  # method and tolerances, e.g. "DOP853, rtol 1e-09, atol 1e-12"
+    dense: object = field(default=None, repr=False)  # scipy's OdeSolution (continuous solution)
+
+    def at(self, t):
+        """(omega, mu) at any times in [0, t_end] (shape (..., H)), from the solver's dense output."""
+        y = np.moveaxis(np.asarray(self.dense(np.asarray(t, dtype=np.float64))), 0, -1)
+        H = self.omega.shape[1]
+        return y[..., :H], y[..., H:]
+
+
+def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t_eval=None, num: int = 4001,
+                  method: str = "DOP853", rtol: float = 1e-9, atol: float = 1e-12) -> Trajectory:
+    """Integrate the gradient flow :func:`flow_rhs` of Ltilde/2 from (omega0, mu0) (each (H,)) over [0, t_end].
+
+    Solver: ``scipy.integrate.solve_ivp`` with ``method`` (default DOP853, explicit Runge-Kutta of
+    order 8 with step-size control) at relative tolerance ``rtol`` = 1e-9 and absolute tolerance
+    ``atol`` = 1e-12 per component, with dense output; the solution is sampled at ``t_eval``
+    (default ``num`` equally spaced times from 0 to t_end) and kept continuous in
+    ``Trajectory.dense``. Raises RuntimeError when the solver fails.
+    """
+    c = _params(n, d, sigma2)
+    w0, m0 = _pair(omega0, mu0)
+    check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
+    check_real("t_end", t_end, strict=True)
+    check_int("num", num, 2)
+    H = w0.size
+
+    def rhs(_t, y):
+        w, m = y[:H], y[H:]
+        E = np.exp(d * np.outer(w, w))
+        wm = w @ m
+        return np.concatenate([m - m * wm - c * d * m * (E @ (m * w)), w - w * wm - c * (E @ m)])
+
+    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
+    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
+                    atol=atol, dense_output=True)
+    if not sol.success:
+        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
+    w, m = sol.y[:H].T.copy(), sol.y[H:].T.copy()
+    return Trajectory(t=sol.t, omega=w, mu=m, loss=np.asarray(approx_loss(w, m, n, d, sigma2)), n=n, d=d,
+                      sigma2=float(sigma2), solver=f"{method}, rtol {rtol:g}, atol {atol:g}", dense=sol.sol)
+
+
+def peak(t, x) -> tuple[float, float, float]:
+    """(time of the maximum, the maximum, last value / maximum) of a sampled curve x(t) (1-D)."""
+    t, x = np.asarray(t, dtype=np.float64), np.asarray(x, dtype=np.float64)
+    i = int(np.nanargmax(x))
+    return float(t[i]), float(x[i]), float(x[-1] / x[i]) if x[i] != 0 else float("nan")
+
+
+@dataclass
+class OdePhases:
+    """The three phases of appendix B found on a trajectory (times; None when not reached)."""
+
+    t_growth_end: float | None  # end of phase I: the exponential growth slows down
+    t_peak: float | None  # end of phase II: the peak of |omega|
+    t_sync_end: float | None  # when mu_h / omega_h first leaves [1 - ratio_tol, 1 + ratio_tol]
+    ratio_dev_phase1: float  # max over phase I and heads of |mu_h / omega_h - 1|
+    omega_peak: float  # max over t and h of |omega_h(t)|
+    peak_head: int  # the head of that maximum (the first, when heads tie by symmetry)
+    decay: float  # |omega_peak_head(t_end)| / omega_peak
+
+
+def ode_phases(traj: Trajectory, rate_frac: float = 0.9, ratio_tol: float = 0.01) -> OdePhases:
+    """Phases I/II/III of the gradient flow from a start with mu_h = omega_h (appendix B, Definition B.1).
+
+    Rules, on the head h whose |omega_h| peaks highest. **Phase I** (exponential, synchronous
+    growth) ends when the growth rate (d|omega_h|/dt) / |omega_h| first falls below ``rate_frac``
+    (90%) of its value at t = 0. **Phase II** (slowed growth) ends at the peak of omega, the
+    maximum over t of |omega_h(t)|, where d|omega_h|/dt = 0. **Phase III** (convergence) follows.
+    Separately, ``t_sync_end`` is the first time some head's mu_h / omega_h leaves
+    [1 - ratio_tol, 1 + ratio_tol] (1%), and ``ratio_dev_phase1`` the largest |mu_h/omega_h - 1|
+    in phase I. Each time is found on the sampled grid and refined with a root finder (brentq)
+    on the solver's dense output, with the rates from :func:`flow_rhs`. A boundary not reached
+    before t_end (or a peak at t_end) is None.
+    """
+    check_real("rate_frac", rate_frac, strict=True)
+    check_real("ratio_tol", ratio_tol, strict=True)
+    w, m, t = traj.omega, traj.mu, traj.t
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dev = np.nanmax(np.abs(m / w - 1.0), axis=1)
+    check("traj", f"max |mu/omega - 1| = {dev[0]:.3g} at t = {t[0]:g}", dev[0] <= ratio_tol,
+          "a trajectory that starts with mu_h = omega_h within ratio_tol (Definition B.1)")
+    top_h = np.abs(w).max(axis=0)
+    h = int(np.flatnonzero(top_h >= top_h.max() * (1 - 1e-9))[0])
+
+    def rate(s):  # (d|omega_h|/dt) / |omega_h| at time(s) s
+        ws, ms = traj.at(s)
+        return flow_rhs(ws, ms, traj.n, traj.d, traj.sigma2)[0][..., h] / ws[..., h]
+
+    def first(f, i):  # refine the first sign change of f between grid points i - 1 and i
+        return None if i is None else float(brentq(f, t[i - 1], t[i], xtol=1e-10))
+
+    r = rate(t)
+    check("traj", f"growth rate {r[0]:.3g} of |omega| at t = {t[0]:g}", r[0] > 0, "a start where |omega| grows")
+    idx = lambda mask: int(np.argmax(mask)) if mask.any() else None  # noqa: E731
+    i_peak = int(np.argmax(np.abs(w[:, h])))
+    t_growth = first(lambda s: rate(s) - rate_frac * r[0], idx(r < rate_frac * r[0]))
+    interior = 0 < i_peak < len(t) - 1 and r[i_peak - 1] > 0 > r[i_peak + 1]
+    t_peak = float(brentq(rate, t[i_peak - 1], t[i_peak + 1], xtol=1e-10)) if interior else None
+    t_sync = first(lambda s: np.max(np.abs(traj.at(s)[1] / traj.at(s)[0] - 1.0)) - ratio_tol, idx(dev > ratio_tol))
+    top = float(np.abs(traj.at(t_peak)[0][h])) if t_peak is not None else float(np.abs(w[i_peak, h]))
+    phase1 = t < t_growth if t_growth is not None else np.ones(len(t), bool)
+    return OdePhases(t_growth_end=t_growth, t_peak=t_peak, t_sync_end=t_sync, ratio_dev_phase1=float(dev[phase1].max()),
+                     omega_peak=top, peak_head=h, decay=float(np.abs(w[-1, h])) / top)
+
+
+# ---------------------------------------------------------------------- patterns over training
+@dataclass
+class Patterns:
+    """Pattern metrics at each logged step (T,) of one model (see :func:`pattern_history`)."""
+
+    steps: np.ndarray
+    sign_match: np.ndarray  # fraction of live heads with sign(omega_h) = sign(mu_h)
+    zero_sum: np.ndarray  # |sum_h mu_h| / sum_h |mu_h| over all heads
+    spread: np.ndarray  # max / min of |omega_h| over live heads (1 = homogeneous KQ scaling)
+    diag_ratio: np.ndarray | None  # min over live heads of ||diag KQ[:d,:d]|| / ||KQ[:d,:d]||_F (needs kq)
+    n_live: np.ndarray  # number of live heads
+    live: np.ndarray  # (T, H) bool
+
+
+def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05) -> Patterns:
+    """The pattern metrics of section 4.2 over training, from omega (T, H), mu (T, H) and optionally KQ (T, H, D, D).
+
+    A head is **live** when ``iclnb.circuits.classify_heads`` does not call it dummy (its
+    |omega_h mu_h| is at least ``dummy_frac`` of the largest head's), judged at each logged step
+    (``live="step"``) or once at the last step for the whole history (``live="final"``: the
+    paper's exclusion of the heads that end as dummies). The diag ratio uses KQ[:d, :d] only (the
+    last column multiplies the query's always-zero label slot), as ``circuits.circuit_metrics``.
+    With no live head the sign fraction, spread and diag ratio are NaN.
+    """
+    w, m = _pair(omega, mu)
+    check("omega", w.shape, w.ndim == 2, "an array (T, H): one row per logged step")
+    T, H = w.shape
+    steps = np.arange(T) if steps is None else np.asarray(steps)
+    check("steps", steps.shape, steps.shape == (T,), f"a vector of {T} logged steps")
+    check("live", live, live in ("step", "final"), "'step' or 'final'")
+    rows = [np.array(classify_heads(w[i], m[i], dummy_frac)) != "dummy" for i in ([T - 1] if live == "final" else range(T))]
+    alive = np.broadcast_to(np.array(rows), (T, H)).copy()
+    n_live = alive.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        match = (np.sign(w) == np.sign(m)) & (w != 0)
+        sign = np.where(n_live > 0, (match & alive).sum(1) / np.maximum(n_live, 1), np.nan)
+        zero = np.abs(m.sum(1)) / np.abs(m).sum(1)
+        a = np.abs(w)
+        spread = np.where(n_live > 0, np.where(alive, a, -np.inf).max(1) / np.where(alive, a, np.inf).min(1), np.nan)
+    diag = None
+    if kq is not None:
+        K = _arr("kq", kq)
+        check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (T, H) and K.shape[2] == K.shape[3] >= 2,
+              f"an array (T, H, D, D) with T = {T}, H = {H}")
+        dd = K.shape[-1] - 1
+        block = K[..., :dd, :dd]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
+        diag = np.where(n_live > 0, np.where(alive, r, np.inf).min(1), np.nan)
+    return Patterns(steps=steps, sign_match=sign, zero_sum=zero, spread=spread, diag_ratio=diag, n_live=n_live,
+                    live=alive)
+
+
+_OPS = {"<=": np.less_equal, ">=": np.greater_equal, "<": np.less, ">": np.greater}
+
+
+def established_at(steps, values, op: str, threshold: float):
+    """The first logged step from which ``values op threshold`` holds at every later logged step, up to the
+    last; None if it fails at the last step. NaN fails every comparison."""
+    check("op", op, op in _OPS, f"one of {sorted(_OPS)}")
+    steps, v = np.asarray(steps), np.asarray(values, dtype=np.float64)
+    check("values", v.shape, v.shape == steps.shape and v.ndim == 1, f"a vector like steps {steps.shape}")
+    with np.errstate(invalid="ignore"):
+        ok = _OPS[op](v, threshold) & ~np.isnan(v)
+    if not ok[-1]:
+        return None
+    bad = np.flatnonzero(~ok)
+    return steps[bad[-1] + 1 if bad.size else 0].item()
+
+
+def training_stages(p: Patterns, zero_sum_max: float = 0.1, spread_max: float = 1.1, diag_min: float = 0.98) -> dict:
+    """The step at which each pattern is established (:func:`established_at`; None if not by the end).
+
+    Rules (thresholds fixed before any run): ``sign_match``: every live head has
+    sign(omega_h) = sign(mu_h) (fraction = 1); ``zero_sum``: |sum mu| / sum |mu| at most
+    ``zero_sum_max`` (0.1); **Stage I** = the later of the two. ``homogeneous``: max/min |omega_h|
+    over live heads at most ``spread_max`` (1.1) = **Stage II** (homogeneous KQ scaling);
+    ``diag``: min diag ratio of the live heads at least ``diag_min`` (0.98), when KQ was given.
+    """
+    at = lambda v, op, thr: established_at(p.steps, v, op, thr)  # noqa: E731
+    out = {"sign_match": at(p.sign_match, ">=", 1.0), "zero_sum": at(p.zero_sum, "<=", zero_sum_max),
+           "homogeneous": at(p.spread, "<=", spread_max),
+           "diag": at(p.diag_ratio, ">=", diag_min) if p.diag_ratio is not None else None}
+    first = [out["sign_match"], out["zero_sum"]]
+    out["stage_I"] = None if None in first else max(first)
+    out["stage_II"] = out["homogeneous"]
+    return out
+
+
+def _landmarks(t, a, frac: float) -> tuple[float, float]:
+    """(first time a(t) reaches frac * its maximum (linear interpolation), time of the maximum)."""
+    i = int(np.argmax(a))
+    j = int(np.argmax(a[: i + 1] >= frac * a[i]))
+    check("omega", f"|omega| rises from {a[0]:.3g} to a peak {a[i]:.3g} at step {t[i]:g}", 0 < j <= i < len(a) - 1,
+          f"a history whose mean |omega_h| starts below {frac:g} of an interior peak")
+    u = t[j - 1] + (frac * a[i] - a[j - 1]) / (a[j] - a[j - 1]) * (t[j] - t[j - 1])
+    return float(u), float(t[i])
+
+
+def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[float, float]:
+    """The affine time map t = t0 + s * step that lays a training history on an ODE trajectory: (s, t0).
+
+    Rule: on both, a = the mean over heads of |omega_h|; the map sends the history's two
+    landmarks onto the trajectory's: the first time a reaches ``frac`` (half) of its peak, and
+    the time of the peak (both by linear interpolation between samples). It matches the rise and
+    the peak; how the later parts compare is then a finding, not a fit.
+    """
+    check_real("frac", frac, strict=True)
+    w = _arr("omega", omega)
+    steps = np.asarray(steps, dtype=np.float64)
+    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (T, H) with T = {steps.size}")
+    h1, h2 = _landmarks(steps, np.abs(w).mean(1), frac)
+    o1, o2 = _landmarks(traj.t, np.abs(traj.omega).mean(1), frac)
+    s = (o2 - o1) / (h2 - h1)
+    return float(s), float(o1 - s * h1)
