@@ -21,7 +21,6 @@ checked at once: a bad value raises ``ValueError`` naming the parameter.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +29,8 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
 from .circuits import classify_heads
-from .tasks import check, check_int, check_real
+from .tasks import LinearRegression
+from .util import check, check_int, check_real
 
 __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
@@ -173,11 +173,11 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
     whole grid: common random numbers, so neighbouring grid points differ by little Monte Carlo
     noise. The prediction is linear in m, so each w costs one kernel-sum call (mu = (1, -1)),
     scaled by every m. With ``return_se`` also the standard errors (same shape). On CPU it runs
-    with the training engine's thread policy (``iclnb.train.cpu_threads``: one thread unless
+    with the training engine's thread policy (``iclnb.util.cpu_threads``: one thread unless
     ``$ICLNB_THREADS`` says otherwise), which keeps it fast on shared cores.
     """
     from .predictors import kernel_sum_predict, mc_risk
-    from .train import cpu_threads
+    from .util import cpu_threads
 
     _params(n, d, sigma2)
     w = np.asarray(omegas, dtype=np.float64).ravel()
@@ -188,8 +188,8 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
         return (g[:, None, :] * m[None, :, None]).reshape(-1, X.shape[0])
 
     with cpu_threads(torch.device(device)):
-        risk, se = mc_risk(predict, n, d, sigma2, num_prompts=num_prompts, chunk=2000, seed=seed, device=device,
-                           dtype=dtype, return_se=True)
+        risk, se = mc_risk(predict, LinearRegression(d=d, n=n, sigma2=sigma2), num_prompts=num_prompts, chunk=2000,
+                           seed=seed, device=device, dtype=dtype, return_se=True)
     shape = (w.size, m.numel())
     return (risk.reshape(shape), se.reshape(shape)) if return_se else risk.reshape(shape)
 

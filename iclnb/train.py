@@ -260,6 +260,17 @@ def _history(model, logs) -> History:
                    [model.member_log(arrays, k) for k in range(model.K)])
 
 
+def head_grid(heads, inits: int, seed: int) -> tuple[list[int], list[int], tuple[int, ...]]:
+    """Members for every head count in ``heads`` times ``inits`` initialisations (init-major):
+    (head count of each member, initialisation index i of each member, init seeds
+    ``derive_seed(seed, "init", i)``). Initialisation i of every head count shares its seed, so
+    heads of the same index start alike across H (common random numbers). Chapters that
+    analyse the same runs use this so their configs (and run-cache entries) agree."""
+    member_h = [int(h) for _ in range(int(inits)) for h in heads]
+    member_i = [i for i in range(int(inits)) for _ in heads]
+    return member_h, member_i, tuple(derive_seed(seed, "init", i) for i in member_i)
+
+
 def select_best(model, task: Task, groups: dict | None = None, num_prompts: int = 20_000, seed: int = 0) -> tuple:
     """Pick, in each group of members, the one with the lowest Monte Carlo risk on fresh
     validation prompts of ``task`` (the stream ``derive_seed(seed, "validation")``): the rule a

@@ -6,9 +6,9 @@ import json
 def test_chapter03_smoke(smoke_run):
     r = smoke_run(3)
     data = json.loads(r.output.with_suffix(".claims.json").read_text())
-    texts = [c["text"] for c in data["claims"]]
-    assert any(t.startswith("Stage I") for t in texts)
-    assert any(t.startswith("approximate loss within 0.03") for t in texts)
-    assert any(t.startswith("ODE phase I") for t in texts)
-    assert any(t.startswith("four-head ODE") for t in texts)
+    status = {c["id"]: c["status"] for c in data["claims"]}
+    assert {"stage1-within-10pct", "approx-vs-mc-small-omega", "ode4-stage1", "final-zero-sum"} <= set(status)
+    # the gradient flow does not depend on the training budget: its claims hold even at smoke size
+    for cid in ("ode-phase1-ratio", "ode-omega-peak-decay"):
+        assert status[cid] == "pass", cid
     assert data["enforced"] is False

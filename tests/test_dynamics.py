@@ -15,6 +15,7 @@ from scipy.optimize import minimize
 from iclnb import dynamics as dyn
 from iclnb.circuits import circuit_metrics, classify_heads
 from iclnb.predictors import debiased_gd_optimal_step, kernel_sum_predict, mc_risk
+from iclnb.tasks import LinearRegression
 
 N, D, S2 = 40, 5, 0.1
 C = (1 + S2) / N
@@ -69,8 +70,8 @@ def test_monte_carlo_pair_loss():
     assert risk.shape == se.shape == (2, 2)
     assert risk[1, 1] == pytest.approx(0.242, abs=4 * se[1, 1] + 5e-4)  # 200k-prompt reference value
     assert risk[0, 1] == pytest.approx(risk[0, 0]) == pytest.approx(risk[1, 0])  # w = 0 or m = 0: y_hat = 0
-    direct = mc_risk(lambda X, y, xq: kernel_sum_predict(X, y, xq, [0.13, -0.13], [3.45, -3.45]), N, D, S2,
-                     num_prompts=20_000, chunk=2000, seed=1, dtype=torch.float64)
+    direct = mc_risk(lambda X, y, xq: kernel_sum_predict(X, y, xq, [0.13, -0.13], [3.45, -3.45]),
+                     LinearRegression(d=D, n=N, sigma2=S2), num_prompts=20_000, chunk=2000, seed=1, dtype=torch.float64)
     assert risk[1, 1] == pytest.approx(direct, rel=1e-12)
 
 
