@@ -1,4 +1,5 @@
-"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH -p NAME VALUE | book [--smoke]."""
+"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
+book [--smoke | --preset P]."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def _params(args) -> int:
     width = max(len(p.name) for p in params)
     for p in params:
         print(f"  {p.name:{width}s}  {p.type:6s} = {p.default!r:12}  {p.help}")
-    if ch.smoke:
-        print(f"\n  smoke parameters (iclnb book --smoke): {ch.smoke}")
+    for name, values in ch.presets.items():
+        print(f"\n  {name} preset (iclnb run {ch.number} --preset {name}): {values}")
     return 0
 
 
@@ -31,7 +32,7 @@ def _run(args) -> int:
     overrides = dict(args.param or [])
     if len(overrides) != len(args.param or []):
         raise runner.ParameterError("a parameter is given twice")
-    r = runner.run_chapter(ch, overrides, output=args.output, smoke=args.smoke)
+    r = runner.run_chapter(ch, overrides, output=args.output, smoke=args.smoke, preset=args.preset)
     print(f"executed notebook: {r.output}")
     if r.error:
         print(f"chapter {ch.number} failed: {r.error}\n(partial notebook kept at {r.output})", file=sys.stderr)
@@ -42,7 +43,7 @@ def _run(args) -> int:
 
 
 def _book(args) -> int:
-    return runner.build_book(smoke=args.smoke)
+    return runner.build_book(smoke=args.smoke, preset=args.preset)
 
 
 def main(argv=None) -> int:
@@ -58,9 +59,11 @@ def main(argv=None) -> int:
                    help="set a parameter (repeatable); see `iclnb params CH`")
     p.add_argument("-o", "--output", help="executed notebook path (default book/chapters/NN_name.ipynb)")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.add_argument("--preset", choices=runner.PRESETS, help="a preset of the chapter: smoke, or paper (the paper's scale)")
     p.set_defaults(fn=_run)
     p = sub.add_parser("book", help="execute every chapter and build the HTML book")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.add_argument("--preset", choices=runner.PRESETS, help="run every chapter that declares it with this preset")
     p.set_defaults(fn=_book)
     args = ap.parse_args(argv)
     try:

@@ -2,7 +2,9 @@
 
 The chapter sources are ``notebooks/NN_slug.md`` (MyST markdown read by jupytext). Each has
 exactly one cell tagged ``parameters``, one ``name = value  # help`` per line, and an ``iclnb``
-block in its front matter with a one-line ``description`` and the tiny ``smoke`` parameters.
+block in its front matter with a one-line ``description`` and its *presets*: the tiny ``smoke``
+parameters (claims recorded, not enforced) and, where the chapter declares it, ``paper``: the
+parameters that re-run the paper's experiment at the paper's scale (claims enforced).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ NOTEBOOKS = ROOT / "notebooks"
 CHAPTERS_OUT = ROOT / "book" / "chapters"
 REPRO_PAGE = ROOT / "book" / "reproducibility.md"
 CHAPTER_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.md$")
+PRESETS = ("smoke", "paper")  # named parameter sets a chapter may declare in its front matter
 
 
 class ParameterError(ValueError):
@@ -69,8 +72,14 @@ class Chapter:
         return self.meta.get("description", "")
 
     @property
+    def presets(self) -> dict:
+        """The chapter's declared presets, ``{name: parameters}`` (names from ``PRESETS``)."""
+        meta = self.meta
+        return {name: dict(meta[name]) for name in PRESETS if name in meta}
+
+    @property
     def smoke(self) -> dict:
-        return dict(self.meta.get("smoke", {}))
+        return self.presets.get("smoke", {})
 
     def parameters(self) -> list[Parameter]:
         return parse_parameters(parameters_source(self.notebook()))
@@ -170,6 +179,7 @@ class Result:
     seconds: float
     error: str = ""  # which cell failed and why; empty on success
     claims: dict = field(default_factory=dict)
+    preset: str = ""  # the preset the chapter ran with ("" for its defaults)
 
     @property
     def claims_failed(self) -> int:
@@ -193,17 +203,22 @@ def claims_path(output: Path) -> Path:
 
 
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
-                smoke: bool = False, log=print) -> Result:
+                smoke: bool = False, log=print, preset: str | None = None) -> Result:
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
 
-    ``smoke``: run with the chapter's tiny smoke parameters (overrides still win) and do not
-    enforce claims. The partial notebook of a failed run is kept at ``output``. On a terminal,
+    ``preset``: run with one of the chapter's presets (overrides still win): ``"smoke"`` (tiny
+    parameters, claims not enforced; ``smoke=True`` is the same) or ``"paper"`` (the paper's
+    scale). The partial notebook of a failed run is kept at ``output``. On a terminal,
     papermill's bar shows progress over the chapter's cells.
     """
     import papermill as pm
 
-    params = resolve_parameters(chapter, {**(chapter.smoke if smoke else {}), **(overrides or {})})
-    if smoke:
+    preset = "smoke" if smoke else (preset or "")
+    if preset and preset not in chapter.presets:
+        raise ParameterError(f"chapter {chapter.number} has no preset {preset!r}; "
+                             f"it declares: {', '.join(chapter.presets) or 'none'}")
+    params = resolve_parameters(chapter, {**chapter.presets.get(preset, {}), **(overrides or {})})
+    if preset == "smoke":
         params["enforce_claims"] = False
     output = Path(output or CHAPTERS_OUT / f"{chapter.slug}.ipynb").resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +245,7 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     claims = json.loads(cpath.read_text()) if cpath.exists() else {}
     if error and claims.get("failed") and claims.get("enforced"):
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
-    return Result(chapter, output, params, seconds, error, claims)
+    return Result(chapter, output, params, seconds, error, claims, preset)
 
 
 def versions() -> dict:
@@ -265,7 +280,9 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
         changed = ", ".join(r.parameters) or "none (defaults)"
+        preset = f"the **{r.preset}** preset" if r.preset else "its defaults"
         lines += ["", f"## {r.chapter.title}", "",
+                  f"Ran with {preset} on device `{full.get('device', 'n/a')}` (CUDA available: {v['cuda']}). "
                   f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
                   "```", ""]
         if r.error:
@@ -290,11 +307,19 @@ def build_html(log=print) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
-def build_book(smoke: bool = False, log=print) -> int:
-    """Execute every chapter, write the reproducibility page, build the HTML; 0 when all is well."""
+def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int:
+    """Execute every chapter, write the reproducibility page, build the HTML; 0 when all is well.
+
+    ``preset`` (or ``smoke``): run every chapter that declares it with that preset; a chapter
+    without it runs at its defaults (said in the log and on the reproducibility page).
+    """
+    preset = "smoke" if smoke else preset
     results = []
     for ch in chapters():
-        r = run_chapter(ch, smoke=smoke, log=log)
+        use = preset if preset in ch.presets else None
+        if preset and use is None:
+            log(f"chapter {ch.number} declares no {preset!r} preset: it runs at its defaults")
+        r = run_chapter(ch, log=log, preset=use)
         log(("  " + r.error + f"\n  partial notebook kept at {r.output}") if r.error else f"  done in {r.seconds:.1f} s")
         results.append(r)
     write_reproducibility_page(results, smoke=smoke)

@@ -18,6 +18,7 @@ kernelspec:
 iclnb:
   description: a synthetic chapter for the runner tests
   smoke: {n: 2}
+  paper: {n: 100}
 ---
 
 # 98. Synthetic
@@ -52,9 +53,20 @@ def chapter(tmp_path):
     return runner.Chapter(98, "98_synthetic", path)
 
 
-def run(chapter, tmp_path, overrides=None, smoke=False):
+def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):
     return runner.run_chapter(chapter, overrides, output=tmp_path / "out" / "98.ipynb", smoke=smoke,
-                              log=lambda *_: None)
+                              log=lambda *_: None, preset=preset)
+
+
+def test_presets(chapter, tmp_path):
+    assert chapter.presets == {"smoke": {"n": 2}, "paper": {"n": 100}}
+    r = run(chapter, tmp_path, preset="paper")
+    assert r.parameters == {"n": 100} and r.preset == "paper" and r.ok and r.claims["enforced"]
+    assert run(chapter, tmp_path, {"n": 7}, preset="paper").parameters == {"n": 7}  # overrides win
+    assert run(chapter, tmp_path, preset="smoke").parameters == {"n": 2, "enforce_claims": False}
+    chapter.path.write_text(SOURCE.replace("  paper: {n: 100}\n", ""))
+    with pytest.raises(runner.ParameterError, match="no preset 'paper'"):
+        run(chapter, tmp_path, preset="paper")
 
 
 def test_defaults_pass_and_write_claims(chapter, tmp_path):
@@ -80,5 +92,6 @@ def test_failing_cell_is_reported_and_partial_notebook_kept(chapter, tmp_path):
 
 def test_reproducibility_page(chapter, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "REPRO_PAGE", tmp_path / "repro.md")
-    page = runner.write_reproducibility_page([run(chapter, tmp_path)]).read_text()
+    page = runner.write_reproducibility_page([run(chapter, tmp_path), run(chapter, tmp_path, preset="paper")]).read_text()
+    assert "Ran with its defaults" in page and "Ran with the **paper** preset" in page
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page and "| pass |" in page and "n-min" in page
