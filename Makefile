@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test smoke bench lock clean
+.PHONY: book test smoke check-pages bench lock clean
 
 book: $(STAMP)  ## execute every chapter at its defaults and build _build/html
 	$(BIN)/python -m iclnb book
@@ -14,6 +14,9 @@ test: $(STAMP)  ## run the test suite
 
 smoke: $(STAMP)  ## the whole book with tiny parameters (claims recorded, not enforced)
 	$(BIN)/python -m iclnb book --smoke
+
+check-pages: $(STAMP)  ## open the built book in headless Chromium (network off) and fail on a defect; screenshots
+	$(BIN)/python -m iclnb check-pages
 
 bench: $(STAMP)  ## training throughput against the naive reference
 	$(BIN)/python benchmarks/bench_engine.py

@@ -1,12 +1,12 @@
 """Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
-book [--smoke | --preset P]."""
+book [--smoke | --preset P] | check-pages."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import runner
+from . import pagecheck, runner
 
 
 def _list(args) -> int:
@@ -46,6 +46,10 @@ def _book(args) -> int:
     return runner.build_book(smoke=args.smoke, preset=args.preset)
 
 
+def _check_pages(args) -> int:
+    return pagecheck.main(args.html, args.screenshots)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="iclnb", description="Run the chapters of the iclnb book.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -65,6 +69,12 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
     p.add_argument("--preset", choices=runner.PRESETS, help="run every chapter that declares it with this preset")
     p.set_defaults(fn=_book)
+    p = sub.add_parser("check-pages", help="open the built book in headless Chromium and fail on what a reader "
+                       "would see wrong (raw tables or TeX, errors, broken images or links, requests to other hosts)")
+    p.add_argument("--html", default=str(pagecheck.HTML), help="the built book (default %(default)s)")
+    p.add_argument("--screenshots", default=str(pagecheck.SCREENSHOTS),
+                   help="where the screenshots go (default %(default)s)")
+    p.set_defaults(fn=_check_pages)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

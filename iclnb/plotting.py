@@ -107,6 +107,16 @@ def markdown_table(rows: Sequence, columns: Sequence[str] | dict, fmt: str = "{:
     return "\n".join(lines)
 
 
+def group_rows(rows: Sequence[dict], by: str, agg: dict) -> list[dict]:
+    """A summary of ``rows``: one row per value of ``by`` (in order of first appearance), where
+    column ``c`` of ``agg`` is ``agg[c]`` (``max``, ``min``, ``all``, ``sum``, ...) applied to the
+    list of ``c``'s values in that group, e.g. ``group_rows(grid, "R", {"worst": max, "ok": all})``."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[by], []).append(r)
+    return [{by: key, **{c: f([r[c] for r in group]) for c, f in agg.items()}} for key, group in groups.items()]
+
+
 def show_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "{:.3g}") -> None:
     """Display :func:`markdown_table` in a notebook (rendered as a table on the book page)."""
     from IPython.display import Markdown, display

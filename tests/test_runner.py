@@ -95,3 +95,29 @@ def test_reproducibility_page(chapter, tmp_path, monkeypatch):
     page = runner.write_reproducibility_page([run(chapter, tmp_path), run(chapter, tmp_path, preset="paper")]).read_text()
     assert "Ran with its defaults" in page and "Ran with the **paper** preset" in page
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page and "| pass |" in page and "n-min" in page
+
+
+@pytest.mark.parametrize("env, url", [
+    ("https://user:token@github.com/iclnb/iclnb.git", "https://github.com/iclnb/iclnb"),  # no credentials on the page
+    ("http://gitlab.example.org/a/b/", "http://gitlab.example.org/a/b"),
+    ("", ""),  # set but empty: no repository button
+])
+def test_repository_url_from_the_environment(monkeypatch, env, url):
+    monkeypatch.setenv("ICLNB_REPO_URL", env)
+    assert runner.repository_url() == url
+
+
+def test_repository_url_must_be_a_web_address(monkeypatch):
+    monkeypatch.setenv("ICLNB_REPO_URL", "git@github.com:iclnb/iclnb.git")
+    with pytest.raises(runner.ParameterError, match="http"):
+        runner.repository_url()
+
+
+def test_book_config_has_a_repository_button_only_with_a_url(tmp_path):
+    import yaml
+
+    for url in ("https://github.com/iclnb/iclnb", ""):
+        config = yaml.safe_load(runner.write_book_config(url, tmp_path / "config.yml").read_text())
+        assert config["html"]["use_repository_button"] is bool(url)
+        assert config.get("repository", {}).get("url", "") == url
+        assert config["sphinx"] == yaml.safe_load((runner.ROOT / "_config.yml").read_text())["sphinx"]
