@@ -14,7 +14,9 @@ H in {1, 2, 3, 4, 8}. Implementations:
   the query row attends: q from z_q, keys/values from the context), torch.optim.Adam.
 * engine: ``iclnb.train.train`` with one model per H, and the ensemble of all five head counts
   in one program (logging every 100 steps included); also five H=8 members, which is what the
-  ensemble would cost if members were padded to the largest head count.
+  ensemble would cost if members were padded to the largest head count. On a GPU the engine
+  trains in CUDA-graph blocks, and a further table gives steps/s against the number of
+  two-head members (``--sizes``), with graphs and eagerly.
 
 All run in one process with glibc's heap trimming off (``keep_freed_memory``, which ``train``
 applies on CPU), so none of them pays page faults for its temporaries at every step.
@@ -64,12 +66,25 @@ def naive_runner(H, query_only, device):
     return run
 
 
-def engine_runner(heads, device):
+def engine_runner(heads, device, cuda_graphs=None):
     def run(steps):
         train(TrainConfig(heads=heads, steps=steps, task_params={"sigma2": SIGMA2}, device=str(device)),
-              progress=False, cache=False)
+              progress=False, cache=False, cuda_graphs=cuda_graphs)
 
     return run
+
+
+def ensemble_sizes(device, sizes, seconds, rounds):
+    """Steps/s against the number of two-head members, with CUDA graphs and eagerly (GPU rows)."""
+    runners = {}
+    for K in sizes:
+        runners[f"graphs {K}"] = engine_runner((2,) * K, device, cuda_graphs=True)
+        runners[f"eager {K}"] = engine_runner((2,) * K, device, cuda_graphs=False)
+    r = measure(runners, seconds, rounds)
+    print("\n| two-head members | CUDA graphs | eager | graphs / eager |\n|---:|---:|---:|---:|")
+    for K in sizes:
+        g, e = r[f"graphs {K}"], r[f"eager {K}"]
+        print(f"| {K} | {g:.0f} | {e:.0f} | {g / e:.1f}x |")
 
 
 def measure(runners, seconds, rounds):
@@ -93,6 +108,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="torch thread counts to compare, e.g. 1 2")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[5, 16, 64, 256, 1024, 4096],
+                    help="ensemble sizes of the steps/s-against-size table (printed on a GPU)")
     args = ap.parse_args()
     device = resolve_device(args.device)
     keep_freed_memory()  # what train() does on CPU; set first so every implementation gets it
@@ -123,6 +140,8 @@ def main():
         print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
         print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
               f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")
+    if device.type == "cuda":
+        ensemble_sizes(device, args.sizes, seconds, rounds)
 
 
 if __name__ == "__main__":

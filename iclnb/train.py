@@ -192,32 +192,85 @@ def _show_progress(progress) -> bool:
 
 
 def prompt_stream(cfg: TrainConfig, device, dtype):
-    """``next_batch()`` -> Prompts of the config's data stream (shared, or one per member)."""
+    """``next_batch()`` -> Prompts of the config's data stream (shared, or one per member).
+
+    On CPU each stream has its own generator, ``derive_seed(seed, "data")`` (and ``..., k`` per
+    member). On CUDA every draw comes from the device's default generator, seeded with
+    ``derive_seed(seed, "data")`` by :func:`_fit` (which restores its state afterwards): it is the
+    generator that CUDA graphs replay correctly, so the captured and the eager step draw the same
+    numbers.
+    """
+    cuda = torch.device(device).type == "cuda"
     if cfg.member_params is None:
-        task, gen = cfg.tasks[0], generator(cfg.seed, "data", device=device)
+        task, gen = cfg.tasks[0], None if cuda else generator(cfg.seed, "data", device=device)
         return lambda: task.sample(cfg.batch, gen, device, dtype)
     tasks = cfg.tasks
-    gens = [generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
+    gens = [None if cuda else generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
     return lambda: sample_members(tasks, cfg.batch, gens, device, dtype)
 
 
-def _fit(cfg: TrainConfig, model, show: bool):
-    """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's)."""
-    dev, dt = model.flat.device, model.flat.dtype
-    K, every = model.K, cfg.log_every
-    batch = prompt_stream(cfg, dev, dt)
-    opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+class _Blocks:
+    """Training in blocks of ``log_every`` steps: the unit a CUDA graph captures.
 
-    log_steps = list(range(0, cfg.steps, every)) + [cfg.steps]
-    loss = torch.empty(len(log_steps), K, device=dev, dtype=dt)
-    with torch.no_grad():
-        snap = {k: torch.empty(len(log_steps), *v.shape, device=dev, dtype=dt) for k, v in model.snapshot().items()}
-    window = torch.empty(min(every, cfg.steps), K, device=dev, dtype=dt)  # losses since the last check
+    ``run(count)`` trains ``count`` steps; step j writes its per-member batch loss into
+    ``window[j]``, and the first step also its loss and the model's snapshot (before the update)
+    into the static buffers ``first_loss`` / ``first_snap``, which the caller copies into the
+    history. The same function runs eagerly (CPU, partial blocks, the warm-up) and is what a
+    CUDA graph records, so every path trains through the same code on the same buffers.
+    """
 
-    def snapshot(i):
+    def __init__(self, model, opt, batch, every: int):
+        self.model, self.opt, self.batch = model, opt, batch
+        dev, dt = model.flat.device, model.flat.dtype
+        self.window = torch.empty(every, model.K, device=dev, dtype=dt)
+        self.first_loss = torch.empty(model.K, device=dev, dtype=dt)
         with torch.no_grad():
-            for k, v in model.snapshot().items():
-                snap[k][i] = v
+            self.first_snap = {k: torch.empty_like(v) for k, v in model.snapshot().items()}
+
+    def run(self, count: int) -> None:
+        for j in range(count):
+            p = self.batch()
+            self.model.loss_and_grad(p.Z, p.xq, p.yq, loss_out=self.window[j])
+            if j == 0:
+                with torch.no_grad():
+                    self.first_loss.copy_(self.window[0])
+                    for k, v in self.model.snapshot().items():
+                        self.first_snap[k].copy_(v)
+            self.opt.step()
+
+
+def cuda_graph_capture(fn):
+    """Capture ``fn()`` (one full block, after an eager warm-up block) as a CUDA graph and return
+    its ``replay``. Follows PyTorch's recipe: static buffers (the block's), the warm-up on a side
+    stream done by the caller, a capturable optimizer, random numbers from the default CUDA
+    generator inside the graph."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
+    """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
+
+    On CUDA (``cuda_graphs`` None or True) the first block of ``log_every`` steps runs eagerly on
+    a side stream (the warm-up), the next is captured once as a CUDA graph, and every later full
+    block is one replay: the step is no longer bound by kernel launches. If the capture fails,
+    training goes on eagerly after one warning. ``capture`` replaces :func:`cuda_graph_capture`
+    (the tests drive the block logic on the CPU with an eager stand-in).
+    """
+    dev, dt = model.flat.device, model.flat.dtype
+    K, every = model.K, min(cfg.log_every, cfg.steps)
+    cuda = dev.type == "cuda"
+    use_graphs = capture is not None or (cuda and cuda_graphs is not False)
+    capture = capture or cuda_graph_capture
+    batch = prompt_stream(cfg, dev, dt)
+    opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
+    blocks = _Blocks(model, opt, batch, every)
+
+    log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
+    loss = torch.empty(len(log_steps), K, device=dev, dtype=dt)
+    snap = {k: torch.empty(len(log_steps), *v.shape, device=dev, dtype=dt) for k, v in blocks.first_snap.items()}
 
     def check_finite(first_step, rows):
         bad = ~torch.isfinite(rows)
@@ -231,25 +284,46 @@ def _fit(cfg: TrainConfig, model, show: bool):
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, desc=f"{cfg.model} heads={list(cfg.heads)}", unit="step")
-    with bar if show else contextlib.nullcontext():
-        for step in range(cfg.steps):
-            j = step % every
-            p = batch()
-            model.loss_and_grad(p.Z, p.xq, p.yq, loss_out=window[j])
-            if j == 0:
-                loss[step // every] = window[0]
-                snapshot(step // every)
-            opt.step()
-            if j == every - 1 or step == cfg.steps - 1:
-                check_finite(step - j, window[: j + 1])
-                if show:
-                    bar.update(j + 1)
-                    bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in window[j].tolist()))
+    replay = None
+    on_device = contextlib.ExitStack()
+    if cuda:  # the device current, its default generator seeded for the data, restored afterwards
+        on_device.enter_context(torch.cuda.device(dev))
+        on_device.enter_context(torch.random.fork_rng(devices=[dev]))
+    with bar if show else contextlib.nullcontext(), on_device:
+        if cuda:
+            torch.cuda.manual_seed(derive_seed(cfg.seed, "data"))
+        for b, first in enumerate(range(0, cfg.steps, cfg.log_every)):
+            count = min(every, cfg.steps - first)
+            if use_graphs and b == 1 and count == every:  # capture after the warm-up block
+                try:
+                    replay = capture(lambda: blocks.run(every))
+                except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager steps
+                    warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); training eagerly",
+                                  stacklevel=3)
+                    use_graphs = False
+            if replay is not None and count == every:
+                replay()
+            elif b == 0 and cuda and use_graphs:  # the warm-up, on a side stream
+                side = torch.cuda.Stream(device=dev)
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    blocks.run(count)
+                torch.cuda.current_stream(dev).wait_stream(side)
+            else:
+                blocks.run(count)
+            loss[b] = blocks.first_loss
+            for k, v in blocks.first_snap.items():
+                snap[k][b] = v
+            check_finite(first, blocks.window[:count])
+            if show:
+                bar.update(count)
+                bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in blocks.window[count - 1].tolist()))
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
             p = batch()
             loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
             check_finite(cfg.steps, loss[-1:])
-            snapshot(-1)
+            for k, v in model.snapshot().items():
+                snap[k][-1] = v
     model.flat.grad = None
     return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}
 
@@ -345,11 +419,13 @@ def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float) -> None:
         warnings.warn(f"could not write the run cache at {path} ({e}); continuing without it", stacklevel=3)
 
 
-def train(cfg: TrainConfig, progress=None, cache: bool = True) -> Run:
+def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool | None = None) -> Run:
     """Train the ensemble of ``cfg`` (or load it from the run cache).
 
     ``progress``: None shows a tqdm bar on a terminal or in Jupyter, never when ``ICLNB_QUIET=1``
-    (set it when executing notebooks with papermill); True/False force it. ``cache=False`` neither reads nor writes the cache.
+    (set it when executing notebooks with papermill); True/False force it. ``cache=False``
+    neither reads nor writes the cache. ``cuda_graphs``: on CUDA, train in blocks captured as
+    CUDA graphs (None/True, the default) or eagerly (False); the results are the same.
     """
     check("cfg", type(cfg).__name__, isinstance(cfg, TrainConfig), "a TrainConfig")
     t0 = time.perf_counter()
@@ -360,7 +436,7 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True) -> Run:
         logs, train_seconds = hit
     else:
         with cpu_threads(model.flat.device):
-            logs = _fit(cfg, model, _show_progress(progress))
+            logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
         train_seconds = time.perf_counter() - t0
         if cache:
             _save(path, cfg, model, logs, train_seconds)

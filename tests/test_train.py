@@ -161,3 +161,49 @@ def test_progress_bar(capsys, monkeypatch):
 def test_bad_config(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
         TrainConfig(**{**TINY, "heads": (1, 2), **kwargs})
+
+
+def _eager_stand_in(calls):
+    """A stand-in for cuda_graph_capture: 'captures' by keeping the function, 'replays' by calling it."""
+    def capture(fn):
+        calls.append("capture")
+
+        def replay():
+            calls.append("replay")
+            fn()
+        return replay
+    return capture
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_block_path_equals_the_eager_step(fail):
+    """What the CUDA path captures (one block of log_every steps on static buffers, after an eager
+    warm-up block), run eagerly on the CPU, trains exactly like the plain loop; a failed capture
+    warns once and trains eagerly."""
+    from iclnb.train import _fit
+
+    cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})  # 4 full blocks of 10 and one of 7
+    plain = build_model(cfg)
+    ref = _fit(cfg, plain, show=False, cuda_graphs=False)
+    calls, model = [], build_model(cfg)
+    if fail:
+        def capture(fn):
+            raise RuntimeError("no graphs here")
+        with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+            logs = _fit(cfg, model, show=False, capture=capture)
+    else:
+        logs = _fit(cfg, model, show=False, capture=_eager_stand_in(calls))
+        assert calls == ["capture"] + ["replay"] * 3  # blocks 1-3 replay; block 0 warms up, block 4 is partial
+    assert torch.equal(model.flat, plain.flat)
+    for k in ref:
+        assert torch.equal(logs[k], ref[k]), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_equal_eager_on_the_gpu():
+    cfg = TrainConfig(heads=(1, 2, 3, 4, 8), **{**TINY, "d": 5, "n": 40, "batch": 256, "steps": 300,
+                                                  "log_every": 100, "device": "cuda", "dtype": "float32"})
+    eager = train(cfg, cache=False, cuda_graphs=False)
+    graphs = train(cfg, cache=False, cuda_graphs=True)
+    torch.testing.assert_close(graphs.model.flat, eager.model.flat, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(graphs.history.loss, eager.history.loss, rtol=1e-5)
