@@ -45,7 +45,9 @@ def test_chapter_conventions(ch):
     names = {p.name for p in params}
     assert {"seed", "device", "enforce_claims"} <= names
     assert ch.description, "front matter iclnb.description is missing"
-    assert set(ch.smoke) <= names, f"smoke parameters not in the parameters cell: {set(ch.smoke) - names}"
+    assert "smoke" in ch.presets, "front matter iclnb.smoke (the tiny parameters) is missing"
+    for preset, values in ch.presets.items():  # every preset sets only real parameters
+        assert set(values) <= names, f"{preset} parameters not in the parameters cell: {set(values) - names}"
     assert re.match(rf"# {ch.number}\. ", ch.path.read_text().split("---", 2)[2].lstrip()), "title '# N. ...'"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert not re.search(r"^\s*(class |def )", code, re.M), "define models/estimators in iclnb, not in a chapter"
