@@ -229,7 +229,7 @@ class _Attention(Ensemble):
         B, M, D, d, T = xq.shape[0], self.M, self.D, self.d, self.T
         KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (M,D,d)
         OV = torch.bmm(WO, WV)  # (M,T,D)
-        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [q1 coordinate, slot, token coordinate]
+        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
         A[:d, :M] = KQx.permute(2, 0, 1)
         A[d, M:] = OV.reshape(M * T, D)
         A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
