@@ -60,8 +60,8 @@ class Ensemble(nn.Module):
             seeds = torch.randint(0, 2**62, (K,)).tolist()
         elif is_int(seeds):
             seeds = [seeds] * K
-        check("seeds", seeds, isinstance(seeds, (list, tuple)) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds),
-              f"None, an integer >= 0 or a list of {K} of them (one per member)")
+        ok = isinstance(seeds, (list, tuple)) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds)
+        check("seeds", seeds, ok, f"None, an integer >= 0 or a list of {K} of them (one per member)")
         device, dtype = resolve_device(device), resolve_dtype(dtype)
         self.d, self.T, self.D = int(d), int(outputs), int(d) + int(outputs)
         self.heads, self.K, self.seeds = heads, K, [int(s) for s in seeds]
@@ -163,8 +163,8 @@ class _Attention(Ensemble):
     z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
     matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
     output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
-    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and whether the kernel is ``centred``
-    (normalised by the weights' sum).
+    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and
+    whether the kernel is ``centred`` (normalised by the weights' sum).
     """
 
     score_unit: ClassVar[float] = 1.0
@@ -229,7 +229,7 @@ class _Attention(Ensemble):
         B, M, D, d, T = xq.shape[0], self.M, self.D, self.d, self.T
         KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (M,D,d)
         OV = torch.bmm(WO, WV)  # (M,T,D)
-        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [q1 coordinate, slot, token coordinate]
+        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
         A[:d, :M] = KQx.permute(2, 0, 1)
         A[d, M:] = OV.reshape(M * T, D)
         A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots

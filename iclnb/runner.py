@@ -260,8 +260,8 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
               "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         status = "error" if r.error else ("pass" if r.ok else "claims failed")
-        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | "
-                     f"{r.claims.get('passed', 0)} | {r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
+        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | {r.claims.get('passed', 0)} | "
+                     f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
         changed = ", ".join(r.parameters) or "none (defaults)"
@@ -295,7 +295,10 @@ def build_book(smoke: bool = False, log=print) -> int:
     results = []
     for ch in chapters():
         r = run_chapter(ch, smoke=smoke, log=log)
-        log(("  " + r.error + f"\n  partial notebook kept at {r.output}") if r.error else f"  done in {r.seconds:.1f} s")
+        if r.error:
+            log("  " + r.error + f"\n  partial notebook kept at {r.output}")
+        else:
+            log(f"  done in {r.seconds:.1f} s")
         results.append(r)
     write_reproducibility_page(results, smoke=smoke)
     code = build_html(log=log)
