@@ -136,7 +136,8 @@ def main():
             print(f"| {H} | {n:.0f} | {p:.0f} | {e:.0f} | {e / n:.1f}x | {e / p:.1f}x |")
         t = {impl: sum(5e5 / r[f"{impl} H={H}"] for H in HEADS) / 60 for impl in ("naive", "paper", "engine")}
         t_ens = 5e5 / r["ensemble"] / 60
-        print(f"| ensemble of all five | | | {r['ensemble']:.0f} | {t['naive'] / t_ens:.0f}x | {t['paper'] / t_ens:.1f}x |")
+        print(f"| ensemble of all five | | | {r['ensemble']:.0f} | "
+              f"{t['naive'] / t_ens:.0f}x | {t['paper'] / t_ens:.1f}x |")
         print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
         print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
               f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")

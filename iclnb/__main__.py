@@ -63,7 +63,8 @@ def main(argv=None) -> int:
                    help="set a parameter (repeatable); see `iclnb params CH`")
     p.add_argument("-o", "--output", help="executed notebook path (default book/chapters/NN_name.ipynb)")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
-    p.add_argument("--preset", choices=runner.PRESETS, help="a preset of the chapter: smoke, or paper (the paper's scale)")
+    p.add_argument("--preset", choices=runner.PRESETS,
+                   help="a preset of the chapter: smoke, or paper (the paper's scale)")
     p.set_defaults(fn=_run)
     p = sub.add_parser("book", help="execute every chapter and build the HTML book")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")

@@ -343,7 +343,8 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
     steps = np.arange(T) if steps is None else np.asarray(steps)
     check("steps", steps.shape, steps.shape == (T,), f"a vector of {T} logged steps")
     check("live", live, live in ("step", "final"), "'step' or 'final'")
-    rows = [np.array(classify_heads(w[i], m[i], dummy_frac)) != "dummy" for i in ([T - 1] if live == "final" else range(T))]
+    judged = [T - 1] if live == "final" else range(T)
+    rows = [np.array(classify_heads(w[i], m[i], dummy_frac)) != "dummy" for i in judged]
     alive = np.broadcast_to(np.array(rows), (T, H)).copy()
     n_live = alive.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):

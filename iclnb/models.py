@@ -60,8 +60,8 @@ class Ensemble(nn.Module):
             seeds = torch.randint(0, 2**62, (K,)).tolist()
         elif is_int(seeds):
             seeds = [seeds] * K
-        check("seeds", seeds, isinstance(seeds, (list, tuple)) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds),
-              f"None, an integer >= 0 or a list of {K} of them (one per member)")
+        ok = isinstance(seeds, (list, tuple)) and len(seeds) == K and all(is_int(s) and s >= 0 for s in seeds)
+        check("seeds", seeds, ok, f"None, an integer >= 0 or a list of {K} of them (one per member)")
         device, dtype = resolve_device(device), resolve_dtype(dtype)
         self.d, self.T, self.D = int(d), int(outputs), int(d) + int(outputs)
         self.heads, self.K, self.seeds = heads, K, [int(s) for s in seeds]
@@ -163,8 +163,8 @@ class _Attention(Ensemble):
     z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
     matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
     output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
-    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and whether the kernel is ``centred``
-    (normalised by the weights' sum).
+    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and
+    whether the kernel is ``centred`` (normalised by the weights' sum).
     """
 
     score_unit: ClassVar[float] = 1.0

@@ -7,10 +7,11 @@ a chapter (:func:`head_color`).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
-from typing import Sequence
 
 STYLE = {
     "figure.facecolor": "white",

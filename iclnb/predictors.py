@@ -159,7 +159,8 @@ def _batches(task: Task, prompts, num_prompts, chunk, generator, device, dtype):
     """Chunks of given prompts, or freshly sampled chunks (generated lazily, to bound memory)."""
     if prompts is not None:
         if prompts.Z.shape[-2] != task.n or prompts.xq.shape[-1] != task.d:
-            raise ValueError(f"prompts have tokens of shape {tuple(prompts.Z.shape)} but the task has n={task.n}, d={task.d}")
+            raise ValueError(f"prompts have tokens of shape {tuple(prompts.Z.shape)} "
+                             f"but the task has n={task.n}, d={task.d}")
         B = prompts.Z.shape[0]
         for i in range(0, B, chunk):
             yield prompts[i : i + chunk]

@@ -275,8 +275,8 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
               "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         status = "error" if r.error else ("pass" if r.ok else "claims failed")
-        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | "
-                     f"{r.claims.get('passed', 0)} | {r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
+        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | {r.claims.get('passed', 0)} | "
+                     f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
         changed = ", ".join(r.parameters) or "none (defaults)"
@@ -357,7 +357,10 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
         if preset and use is None:
             log(f"chapter {ch.number} declares no {preset!r} preset: it runs at its defaults")
         r = run_chapter(ch, log=log, preset=use)
-        log(("  " + r.error + f"\n  partial notebook kept at {r.output}") if r.error else f"  done in {r.seconds:.1f} s")
+        if r.error:
+            log("  " + r.error + f"\n  partial notebook kept at {r.output}")
+        else:
+            log(f"  done in {r.seconds:.1f} s")
         results.append(r)
     write_reproducibility_page(results, smoke=smoke)
     code = build_html(url, log=log)

@@ -22,9 +22,21 @@ from typing import Sequence
 
 import torch
 
-from .softmax_regression import (SMALL_STEP, gd_trajectory, logits, make_generator, ratio_A, ratio_x,
-                                 sample_A, sample_instances, sample_x, softmax_delta, spectral_norm, step_inf_A,
-                                 step_inf_x)
+from .softmax_regression import (
+    SMALL_STEP,
+    gd_trajectory,
+    logits,
+    make_generator,
+    ratio_A,
+    ratio_x,
+    sample_A,
+    sample_instances,
+    sample_x,
+    softmax_delta,
+    spectral_norm,
+    step_inf_A,
+    step_inf_x,
+)
 from .util import resolve_device
 
 LN10 = math.log(10.0)

@@ -488,6 +488,7 @@ def icl_comparison(task: SoftmaxRegression, layer: AttentionMember, init: Attent
             out[name] = von_oswald_metrics(y, s, y_gd, s_gd)
     out["target_var"] = float((t["yq"] ** 2).mean())
     # scatter data for a figure (first 500 query points)
-    out["scatter"] = {"gd": y_gd.flatten()[:500].cpu().tolist(), "layer": preds["layer"][0].flatten()[:500].cpu().tolist(),
+    out["scatter"] = {"gd": y_gd.flatten()[:500].cpu().tolist(),
+                      "layer": preds["layer"][0].flatten()[:500].cpu().tolist(),
                       "target": t["yq"].flatten()[:500].cpu().tolist()}
     return out

@@ -194,7 +194,8 @@ class SoftmaxRegression(Task):
         check_int("queries", queries, 1)
         dev = resolve_device(device)
         A = torch.randn(batch, self.n, self.d, generator=generator, device=dev, dtype=dtype)
-        xs = torch.randn(batch, self.d, generator=generator, device=dev, dtype=dtype) * (self.signal / math.sqrt(self.d))
+        xs = torch.randn(batch, self.d, generator=generator, device=dev, dtype=dtype)
+        xs = xs * (self.signal / math.sqrt(self.d))
         Aq = torch.randn(batch, queries, self.d, generator=generator, device=dev, dtype=dtype)
         b = torch.softmax(torch.einsum("bnd,bd->bn", A, xs), -1)
         return {"A": A, "b": b, "x_star": xs, "Aq": Aq, "yq": torch.einsum("bqd,bd->bq", Aq, xs)}

@@ -37,8 +37,19 @@ import iclnb
 
 from .models import MODELS
 from .tasks import Task, make_task, sample_members
-from .util import (DTYPES, check, check_choice, check_int, check_real, cpu_threads, derive_seed, dtype_name,
-                   generator, is_int, resolve_device)
+from .util import (
+    DTYPES,
+    check,
+    check_choice,
+    check_int,
+    check_real,
+    cpu_threads,
+    derive_seed,
+    dtype_name,
+    generator,
+    is_int,
+    resolve_device,
+)
 
 
 def _plain(params) -> dict:
@@ -76,8 +87,8 @@ class TrainConfig:
     def __post_init__(self):
         heads = self.heads
         heads = (heads,) if is_int(heads) else tuple(heads) if isinstance(heads, (list, tuple)) else heads
-        check("heads", self.heads, isinstance(heads, tuple) and len(heads) > 0 and all(is_int(h) and h >= 1 for h in heads),
-              "an integer >= 1 or a non-empty tuple of them")
+        ok = isinstance(heads, tuple) and len(heads) > 0 and all(is_int(h) and h >= 1 for h in heads)
+        check("heads", self.heads, ok, "an integer >= 1 or a non-empty tuple of them")
         object.__setattr__(self, "heads", tuple(int(h) for h in heads))
         K = len(self.heads)
         if isinstance(self.device, torch.device):
@@ -89,7 +100,8 @@ class TrainConfig:
         object.__setattr__(self, "task_params", task.params)
         if self.member_params is not None:
             mp = self.member_params
-            check("member_params", mp, isinstance(mp, (list, tuple)) and len(mp) == K and all(isinstance(p, dict) for p in mp),
+            ok = isinstance(mp, (list, tuple)) and len(mp) == K and all(isinstance(p, dict) for p in mp)
+            check("member_params", mp, ok,
                   f"None or {K} dicts of task parameters (one per member of heads={self.heads})")
             object.__setattr__(self, "member_params", tuple(
                 make_task(self.task, self.d, self.n, **{**self.task_params, **p}).params for p in mp))

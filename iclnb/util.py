@@ -44,7 +44,8 @@ def check_int(name, value, minimum: int = 0, maximum: int | None = None) -> None
 def check_real(name, value, minimum: float = 0.0, strict: bool = False, maximum: float | None = None) -> None:
     ok = is_real(value) and (value > minimum if strict else value >= minimum)
     ok = ok and (maximum is None or value <= maximum)
-    allowed = f"a finite number {'>' if strict else '>='} {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    allowed = f"a finite number {'>' if strict else '>='} {minimum}"
+    allowed += f" and <= {maximum}" if maximum is not None else ""
     check(name, value, ok, allowed)
 
 

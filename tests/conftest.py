@@ -1,4 +1,5 @@
-"""Shared test fixtures: an isolated run cache, and smoke runs of chapters through papermill."""
+"""Shared test fixtures: an isolated run cache (for the session, or fresh for one test), and smoke
+runs of chapters through papermill."""
 
 import os
 
@@ -17,6 +18,14 @@ def _isolated_cache(tmp_path_factory):
         os.environ.pop("ICLNB_CACHE_DIR", None)
     else:
         os.environ["ICLNB_CACHE_DIR"] = before
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty run cache for this test alone (for tests that check cache hits and misses)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("ICLNB_CACHE_DIR", str(path))
+    return path
 
 
 @pytest.fixture

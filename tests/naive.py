@@ -25,7 +25,8 @@ class NaiveAttention(nn.Module):
     def __init__(self, D, H, outputs=1, kind="softmax", phi=None, n_train=None, query_only=False, weights=None,
                  dtype=torch.float32):
         super().__init__()
-        self.D, self.H, self.T, self.kind, self.phi, self.n_train, self.query_only = D, H, outputs, kind, phi, n_train, query_only
+        self.D, self.H, self.T, self.kind = D, H, outputs, kind
+        self.phi, self.n_train, self.query_only = phi, n_train, query_only
         self.q, self.k, self.v = (nn.Linear(D, H * D, bias=False, dtype=dtype) for _ in range(3))
         self.o = nn.Linear(H * D, outputs, bias=False, dtype=dtype)
         if weights is not None:

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.plotting import plot_circuits
-
 from iclnb import circuits as C
+from iclnb.plotting import plot_circuits
 from iclnb.predictors import kernel_sum_predict
 
 

@@ -134,7 +134,8 @@ def test_circuits_and_logs():
     logs = {k: v[None].detach().numpy() for k, v in m.snapshot().items()}
     mine = m.member_log(logs, 0)
     torch.testing.assert_close(torch.as_tensor(mine["mu"][0]), OV[:, -1])
-    torch.testing.assert_close(torch.as_tensor(mine["omega"][0]), torch.diagonal(KQ[:, :3, :3], dim1=1, dim2=2).mean(-1))
+    omega = torch.diagonal(KQ[:, :3, :3], dim1=1, dim2=2).mean(-1)
+    torch.testing.assert_close(torch.as_tensor(mine["omega"][0]), omega)
     two = _model("softmax", {}, heads=(2,), seeds=(0,), T=2)
     assert two.circuits()[1].shape == (2, 5, 2) and two.member_weights(0)["WO"].shape == (2, 2, 5)
 

@@ -18,7 +18,8 @@ def test_log_space_bounds_finite_for_huge_R():
             lM, lI = sb.log_M(n, R), sb.log_intermediate_bound(n, R)
             assert torch.isfinite(lM) and torch.isfinite(lI)
             assert lM > lI  # the theorem's last steps only loosen the constant (R >= 4)
-    assert abs(float(sb.log_M(25, 4)) / sb.LN10 - 71.58) < 0.01  # REFERENCE: log10 M ~ 71.6
+    # M = n^1.5 exp(10 R^2) of Li, Song, Xia, Yu, Zhou 2023 (arXiv 2304.13276), Thm 8.1: log10 M ~ 71.6
+    assert abs(float(sb.log_M(25, 4)) / sb.LN10 - 71.58) < 0.01
     assert abs(float(sb.log_M(1000, 1e3)) - (1.5 * math.log(1000) + 1e7)) < 1e-6
     # the lemma audit stays finite at R = 1e3 (A x up to 1e6)
     inst = sr.sample_instances(3, 20, 4, 1e3, 0, x_where="sphere")

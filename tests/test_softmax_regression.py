@@ -1,4 +1,6 @@
-"""Unit tests of iclnb.softmax_regression (chapter 1's objects and in-context experiment). Fast, deterministic, float64."""
+"""Unit tests of iclnb.softmax_regression (chapter 1's objects and in-context experiment).
+
+Fast, deterministic, float64."""
 
 import math
 
@@ -205,9 +207,9 @@ def test_von_oswald_metrics_identity():
     assert m2["cosine"] == pytest.approx(1.0) and m2["rel_pred_diff"] == pytest.approx(1.0)
 
 
-def test_train_through_engine_and_compare_tiny(tmp_path, monkeypatch):
+@pytest.mark.usefixtures("fresh_cache")
+def test_train_through_engine_and_compare_tiny():
     """Chapter 1's layer trains on the engine (run cache included); best member on validation."""
-    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path))
     task = SoftmaxRegression(d=3, n=10)
     cfg = TrainConfig(model="softmax", task="softmax_regression", d=3, n=10, heads=(1, 1, 1), init_seeds=(1, 2, 3),
                       steps=5, batch=8, lr=3e-3, log_every=2, device="cpu")

@@ -52,7 +52,8 @@ def test_softmax_regression_task():
     torch.testing.assert_close(raw["yq"], torch.einsum("bqd,bd->bq", raw["Aq"], raw["x_star"]))
     p = t.sample(2000, torch.Generator().manual_seed(1), dtype=torch.float64)
     assert p.Z.shape == (2000, 30, 5) and p.yq.shape == (2000,)
-    torch.testing.assert_close(p.y.sum(-1), torch.zeros(2000, dtype=torch.float64), rtol=0, atol=1e-9)  # n b - 1 sums to 0
+    # n b - 1 sums to 0
+    torch.testing.assert_close(p.y.sum(-1), torch.zeros(2000, dtype=torch.float64), rtol=0, atol=1e-9)
     torch.testing.assert_close(p.y, 30 * p.info["b"] - 1)
     assert abs(p.yq.var().item() - 1.0) < 0.1  # a_q^T x* has variance signal^2
 

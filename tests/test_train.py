@@ -10,10 +10,7 @@ from iclnb.util import generator
 
 TINY = dict(d=3, n=6, batch=16, steps=25, log_every=10, lr=1e-2, device="cpu", dtype="float64")
 
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # every test starts from an empty run cache
 
 
 def test_history_shapes_and_circuits():
@@ -155,7 +152,8 @@ def test_progress_bar(capsys, monkeypatch):
     ({"lr": 0.0}, "lr"), ({"seed": -1}, "seed"), ({"log_every": 0}, "log_every"), ({"device": "tpu"}, "device"),
     ({"dtype": "float16"}, "dtype"), ({"init_seeds": (1,)}, "init_seeds"), ({"task_params": {"rho": 1.0}}, "rho"),
     ({"task": "nope"}, "task"), ({"task_params": {"signal": 1.0}}, "linear_regression parameter"),
-    ({"member_params": ({},)}, "member_params"), ({"model_params": {"activation": "tanh"}, "model": "normalized"}, "activation"),
+    ({"member_params": ({},)}, "member_params"),
+    ({"model_params": {"activation": "tanh"}, "model": "normalized"}, "activation"),
     ({"model_params": {"n_train": 3}}, "softmax parameter"),
 ])
 def test_bad_config(kwargs, name):

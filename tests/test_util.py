@@ -1,8 +1,17 @@
 import pytest
 import torch
 
-from iclnb.util import (check_int, check_ints, check_real, check_reals, derive_seed, dtype_name, generator,
-                        resolve_device, resolve_dtype)
+from iclnb.util import (
+    check_int,
+    check_ints,
+    check_real,
+    check_reals,
+    derive_seed,
+    dtype_name,
+    generator,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 def test_derive_seed_is_stable_distinct_and_independent_across_seeds():
@@ -20,7 +29,8 @@ def test_checks_name_value_and_range():
     check_int("n", 3, 1)
     check_real("lr", 0.1, strict=True)
     assert check_ints("ns", (1, 2), 1) == [1, 2] and check_reals("Rs", [4], 4.0) == [4.0]
-    for fn, args, name in ((check_int, ("n", 0, 1), "n"), (check_int, ("n", 2.5, 1), "n"), (check_int, ("n", True, 0), "n"),
+    for fn, args, name in ((check_int, ("n", 0, 1), "n"), (check_int, ("n", 2.5, 1), "n"),
+                           (check_int, ("n", True, 0), "n"),
                            (check_real, ("lr", 0.0, 0.0, True), "lr"), (check_real, ("s", float("nan")), "s"),
                            (check_ints, ("ns", [], 1), "ns"), (check_reals, ("Rs", [3.0], 4.0), "Rs")):
         with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
