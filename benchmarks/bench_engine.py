@@ -18,6 +18,12 @@ H in {1, 2, 3, 4, 8}. Implementations:
   trains in CUDA-graph blocks, and a further table gives steps/s against the number of
   two-head members (``--sizes``), with graphs and eagerly.
 
+Chapter 4's grid row: one ``kernel`` ensemble over 3 function classes x 6 Lipschitz constants
+(per-member task parameters: every member draws its own prompts) against the naive reference
+(``tests/naive.py``'s ``NaiveKernel``, nn.Linear M_K and M_Q, explicit softmax, prompts from the
+task's own sampler, torch.optim.Adam) trained one grid point after the other. At chapter 4's
+setting: d=3, n=64, batch 128, sigma=0.35, lr 0.02. "Grid steps/s" counts one step of all 18.
+
 All run in one process with glibc's heap trimming off (``keep_freed_memory``, which ``train``
 applies on CPU), so none of them pays page faults for its temporaries at every step.
 
@@ -38,13 +44,17 @@ from pathlib import Path
 
 import torch
 
+from iclnb.lipschitz import LipschitzRegression
 from iclnb.train import TrainConfig, train
 from iclnb.util import keep_freed_memory, resolve_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from naive import NaiveAttention  # noqa: E402  (the tests' naive reference: one copy)
+from naive import NaiveAttention, NaiveKernel  # noqa: E402  (the tests' naive references: one copy)
 
 D_, N_, B_, SIGMA2, LR, HEADS = 5, 40, 256, 0.1, 1e-3, (1, 2, 3, 4, 8)
+# chapter 4's grid: 3 classes x 6 Lipschitz constants, at the chapter's setting
+LIP_D, LIP_N, LIP_B, LIP_SIGMA, LIP_LR = 3, 64, 128, 0.35, 0.02
+LIP_GRID = tuple({"function": f, "L": L} for f in ("affine", "relu", "cosine") for L in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0))
 
 
 def naive_runner(H, query_only, device):
@@ -87,6 +97,38 @@ def ensemble_sizes(device, sizes, seconds, rounds):
         print(f"| {K} | {g:.0f} | {e:.0f} | {g / e:.1f}x |")
 
 
+def lipschitz_naive_runner(device):
+    """The naive kernel unit trained over the grid one point after the other (one call: ``steps``
+    steps of every point)."""
+    points = []
+    for k, params in enumerate(LIP_GRID):
+        torch.manual_seed(k)
+        model = NaiveKernel(LIP_D).to(device)
+        task = LipschitzRegression(d=LIP_D, n=LIP_N, sigma=LIP_SIGMA, **params)
+        gen = torch.Generator(device=device).manual_seed(k)
+        points.append((model, torch.optim.Adam(model.parameters(), lr=LIP_LR), task, gen))
+
+    def run(steps):
+        for model, opt, task, gen in points:
+            for _ in range(steps):
+                p = task.sample(LIP_B, gen, device)
+                loss = ((model(p.Z, p.xq) - p.yq) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    return run
+
+
+def lipschitz_engine_runner(device):
+    def run(steps):
+        train(TrainConfig(model="kernel", task="lipschitz", d=LIP_D, n=LIP_N, heads=(1,) * len(LIP_GRID),
+                          task_params={"sigma": LIP_SIGMA}, member_params=LIP_GRID, batch=LIP_B, lr=LIP_LR,
+                          steps=steps, device=str(device)), progress=False, cache=False)
+
+    return run
+
+
 def measure(runners, seconds, rounds):
     """Best steps/s of every runner over ``rounds`` interleaved rounds of about ``seconds`` each."""
     steps, best = {}, {name: 0.0 for name in runners}
@@ -121,6 +163,8 @@ def main():
         runners[f"engine H={H}"] = engine_runner((H,), device)
     runners["ensemble"] = engine_runner(HEADS, device)
     runners["padded"] = engine_runner((8,) * len(HEADS), device)  # what padding to Hmax would cost
+    runners["lipschitz naive"] = lipschitz_naive_runner(device)
+    runners["lipschitz ensemble"] = lipschitz_engine_runner(device)
 
     print(f"device={device}, torch {torch.__version__}, d={D_}, n={N_}, batch={B_}, "
           f"load average {os.getloadavg()[0]:.1f}; steps/s, best of {rounds} round(s)")
@@ -141,6 +185,12 @@ def main():
         print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
         print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
               f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")
+        ln, le = r["lipschitz naive"], r["lipschitz ensemble"]
+        print(f"\nChapter 4 grid, {len(LIP_GRID)} kernel units (3 classes x 6 L; d={LIP_D}, n={LIP_N}, "
+              f"batch={LIP_B}), grid steps/s:\n")
+        print("| naive, one grid point at a time | engine, one ensemble | engine / naive |")
+        print("|---:|---:|---:|")
+        print(f"| {ln:.1f} | {le:.1f} | {le / ln:.1f}x |")
     if device.type == "cuda":
         ensemble_sizes(device, args.sizes, seconds, rounds)
 

@@ -12,7 +12,8 @@ independent Adams (it is elementwise) and members never interact.
 
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
 another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS``) and ``linear``
-(linear attention). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+(linear attention); :mod:`iclnb.lipschitz` adds chapter 4's kernel units ``kernel`` and
+``kernel_linear`` (one matrix M per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed

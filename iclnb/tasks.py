@@ -17,6 +17,8 @@ Registered tasks (``TASKS``):
 * ``softmax_regression`` (chapter 1): rows a_i ~ N(0, I_d), a hidden x* ~ N(0, s^2 I/d),
   b = softmax(A x*); tokens [a_i; n b_i - 1]; the query a_q ~ N(0, I_d) has target a_q^T x*
   (Li, Song, Xia, Yu, Zhou 2023).
+* ``lipschitz`` (chapter 4, registered by :mod:`iclnb.lipschitz`): sphere covariates, affine /
+  ReLU / cosine functions with Lipschitz constant L, label noise sigma (Collins et al. 2024).
 
 A new task subclasses :class:`Task`, implements ``sample`` (and ``validate`` for its own
 parameters) and is added with :func:`register`.
@@ -119,7 +121,14 @@ def make_task(name: str, d: int, n: int, **params) -> Task:
 
 
 def sample_members(tasks, batch: int, generators, device, dtype) -> Prompts:
-    """One batch per member, each from its own task and generator, stacked on a leading axis."""
+    """One batch per member, each from its own task and generator, stacked on a leading axis.
+
+    A task class may vectorise this with a classmethod ``sample_many(tasks, batch, generators,
+    device, dtype)`` that gives member k exactly ``tasks[k].sample(batch, generators[k], ...)``;
+    it is used when all members' tasks are of that class."""
+    cls = type(tasks[0])
+    if hasattr(cls, "sample_many") and all(type(t) is cls for t in tasks):
+        return cls.sample_many(tasks, batch, generators, device, dtype)
     parts = [t.sample(batch, g, device, dtype) for t, g in zip(tasks, generators)]
     return Prompts(torch.stack([p.Z for p in parts]), torch.stack([p.xq for p in parts]),
                    torch.stack([p.yq for p in parts]))

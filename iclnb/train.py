@@ -35,6 +35,7 @@ import torch
 
 import iclnb
 
+from . import lipschitz  # noqa: F401  (registers chapter 4's task and kernel models)
 from .models import MODELS
 from .tasks import Task, make_task, sample_members
 from .util import (

@@ -72,3 +72,47 @@ class NaiveAttention(nn.Module):
             att = self._normalise(q @ k.transpose(-1, -2) / math.sqrt(D), allowed)
             out = self.o((att @ v).transpose(1, 2).reshape(B, n + 1, H * D))[:, -1]
         return out[:, 0] if T == 1 else out
+
+
+class NaiveKernel(nn.Module):
+    """Chapter 4's kernel-attention unit, one model, textbook form: ``nn.Linear`` key and query
+    maps (bias=False) with weights M_K and M_Q, so k_i = M_K x_i, q = M_Q x_q and the score
+    k_i . q = x_i^T M_K^T M_Q x_q; with ``factorized=False`` one query map with weight M (score
+    x_i . M x_q). ``kind``: ``"softmax"`` (exp of the scores over their sum, written out) or
+    ``"linear"`` ((1/n) sum_i score_i y_i). Weights from a model's ``member_weights(k)``."""
+
+    def __init__(self, d, kind="softmax", factorized=True, weights=None, dtype=torch.float32):
+        super().__init__()
+        self.d, self.kind, self.factorized = d, kind, factorized
+        self.key = nn.Linear(d, d, bias=False, dtype=dtype) if factorized else None
+        self.query = nn.Linear(d, d, bias=False, dtype=dtype)
+        if weights is not None:
+            with torch.no_grad():
+                if factorized:
+                    self.key.weight.copy_(weights["MK"][0])
+                    self.query.weight.copy_(weights["MQ"][0])
+                else:
+                    self.query.weight.copy_(weights["M"][0])
+
+    def grads(self):
+        """Gradients in the layout of ``member_weights``: MK, MQ (1,d,d), or M (1,d,d)."""
+        if self.factorized:
+            return {"MK": self.key.weight.grad[None], "MQ": self.query.weight.grad[None]}
+        return {"M": self.query.weight.grad[None]}
+
+    def forward(self, Z, xq):
+        """Prediction (B,) from context tokens Z (B,n,d+1) and query covariates xq (B,d)."""
+        X, y = Z[..., : self.d], Z[..., self.d]
+        keys = self.key(X) if self.factorized else X
+        scores = (keys * self.query(xq)[:, None, :]).sum(-1)  # (B,n)
+        if self.kind == "linear":
+            return (scores * y).sum(-1) / X.shape[1]
+        e = torch.exp(scores - scores.max(-1, keepdim=True).values)
+        return (e * y).sum(-1) / e.sum(-1)
+
+
+# kernel model name -> [(model kwargs, NaiveKernel kwargs)] (tests/test_lipschitz.py)
+KERNEL_CASES = {
+    "kernel": [({"factorized": f}, {"kind": "softmax", "factorized": f}) for f in (True, False)],
+    "kernel_linear": [({"factorized": f}, {"kind": "linear", "factorized": f}) for f in (True, False)],
+}

@@ -1,0 +1,226 @@
+"""Chapter 4's library: the Lipschitz task (shapes, seeds, the classes' Lipschitz constants,
+covariates), the kernel units against the naive nn.Linear reference (outputs and gradients,
+float64, shared and per-member prompts) and the window analysis."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from naive import KERNEL_CASES, NaiveKernel
+
+from iclnb import lipschitz as lp
+from iclnb.models import MODELS
+from iclnb.predictors import mc_risk
+from iclnb.tasks import TASKS, kms_covariance, make_task, sample_members
+from iclnb.train import TrainConfig, train
+
+F64 = torch.float64
+KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]
+KIDS = [f"{name}-{'factorized' if mk['factorized'] else 'direct'}" for name, mk, _ in KCASES]
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _task(**kw):
+    return lp.LipschitzRegression(**{"d": 3, "n": 12, "function": "relu", "L": 2.0, "sigma": 0.0, **kw})
+
+
+# ---- the task -----------------------------------------------------------------------------------
+def test_registered():
+    assert "lipschitz" in TASKS and {"kernel", "kernel_linear"} <= set(MODELS)
+    t = make_task("lipschitz", 3, 5, function="cosine", L=1)
+    assert isinstance(t.L, float) and t.params == {"function": "cosine", "L": 1.0, "sigma": 0.1,
+                                                  "covariates": "sphere", "rho": 0.0}
+
+
+@pytest.mark.parametrize("function", lp.CLASSES)
+def test_shapes_labels_and_sphere(function):
+    t = _task(function=function, sigma=0.0)
+    p = t.sample(50, _gen(), dtype=F64)
+    assert (p.Z.shape, p.xq.shape, p.yq.shape, p.info["u"].shape) == ((50, 12, 4), (50, 3), (50,), (50, 13, 3))
+    torch.testing.assert_close(p.X.norm(dim=-1), torch.ones(50, 12, dtype=F64))
+    torch.testing.assert_close(p.xq.norm(dim=-1), torch.ones(50, dtype=F64))
+    u = p.info["u"]
+    torch.testing.assert_close(p.y, t.f(p.info, u[:, :12]))  # noiseless labels are f(x_i)
+    torch.testing.assert_close(p.yq, t.f(p.info, u[:, 12:])[:, 0])
+    noisy = _task(function=function, sigma=0.5).sample(2000, _gen(1), dtype=F64)
+    resid = noisy.y - _task(function=function).f(noisy.info, noisy.info["u"][:, :12])
+    assert abs(resid.std().item() - 0.5) < 0.02 and abs(resid.mean().item()) < 0.02
+    clean_q = _task(function=function).f(noisy.info, noisy.info["u"][:, 12:])[:, 0]
+    assert torch.equal(noisy.yq, clean_q)  # the target is noiseless
+
+
+def test_seeded_and_members_as_alone():
+    a, b, c = (_task().sample(8, _gen(s)) for s in (1, 1, 2))
+    assert torch.equal(a.Z, b.Z) and torch.equal(a.yq, b.yq) and not torch.equal(a.Z, c.Z)
+    tasks = [_task(function=f, L=L, sigma=s, covariates=cov, rho=rho)
+             for f, L, s, cov, rho in [("affine", 0.5, 0.1, "sphere", 0.0), ("relu", 2.0, 0.0, "gaussian", 0.5),
+                                       ("cosine", 4.0, 1.0, "sphere", 0.5), ("relu", 1.0, 0.3, "sphere", 0.0)]]
+    p = sample_members(tasks, 6, [_gen(k) for k in range(4)], "cpu", torch.float32)
+    assert p.Z.shape == (4, 6, 12, 4) and p.xq.shape == (4, 6, 3) and p.yq.shape == (4, 6)
+    for k, t in enumerate(tasks):  # the vectorised sampler gives member k exactly its own draw
+        alone = t.sample(6, _gen(k))
+        assert torch.equal(p.Z[k], alone.Z) and torch.equal(p.xq[k], alone.xq) and torch.equal(p.yq[k], alone.yq)
+
+
+def test_covariates():
+    g = _task(covariates="gaussian", n=400).sample(200, _gen(), dtype=F64)
+    cov = torch.cov(g.X.reshape(-1, 3).T)
+    torch.testing.assert_close(cov, torch.eye(3, dtype=F64) / 3, rtol=0, atol=0.01)  # N(0, I/d)
+    t = _task(rho=0.5, n=400)
+    p = t.sample(200, _gen(), dtype=F64)
+    S = kms_covariance(3, 0.5)
+    torch.testing.assert_close(t.sqrt_covariance @ t.sqrt_covariance, S)
+    torch.testing.assert_close(p.X, p.info["u"][:, :400] @ t.sqrt_covariance)  # x = Sigma^1/2 u
+    torch.testing.assert_close(torch.cov(p.X.reshape(-1, 3).T), S / 3, rtol=0, atol=0.01)
+
+
+@pytest.mark.parametrize("function", lp.CLASSES)
+def test_lipschitz_constant_measured(function):
+    """max over random pairs of |f(u) - f(u')| / |u - u'|: at most Lip(f) <= L, and close to L."""
+    L, B, m = 2.0, 4000, 64
+    t = _task(function=function, L=L, n=m)
+    p = t.sample(B, _gen(3), dtype=F64)
+    g = _gen(4)
+    u = torch.randn(B, m, 3, generator=g, dtype=F64)
+    u = u / u.norm(dim=-1, keepdim=True)
+    near = u + 1e-3 * torch.randn(B, m, 3, generator=g, dtype=F64)  # close pairs (where the sup is)
+    far = torch.randn(B, m, 3, generator=g, dtype=F64)
+    lip = t.lipschitz(p.info)
+    assert lip.max() <= L and lip.min() > 0
+    for v in (near, far):
+        ratio = (t.f(p.info, u) - t.f(p.info, v)).abs() / (u - v).norm(dim=-1)
+        assert (ratio.amax(1) <= lip * (1 + 1e-9)).all(), "a pair exceeds its function's Lipschitz constant"
+    ratio = (t.f(p.info, u) - t.f(p.info, near)).abs() / (u - near).norm(dim=-1)
+    assert ratio.max() > 0.97 * L
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"function": "quadratic"}, "function"), ({"L": 0.0}, "L"), ({"L": float("inf")}, "L"),
+    ({"sigma": -1.0}, "sigma"), ({"covariates": "ball"}, "covariates"), ({"rho": 1.0}, "rho"), ({"n": 0}, "n"),
+])
+def test_bad_task_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
+        _task(**kwargs)
+
+
+# ---- the kernel units against the naive reference --------------------------------------------------
+def _model(name, mk, K=3, d=3, scale=2.0):
+    m = MODELS[name](d=d, heads=[1] * K, seeds=list(range(4, 4 + K)), device="cpu", dtype=F64, **mk)
+    with torch.no_grad():  # larger than the init so the kernel is far from uniform
+        m.flat.mul_(scale)
+    return m
+
+
+def _prompts(shape, n=7, d=3, seed=0):
+    g = _gen(seed)
+    return (torch.randn(*shape, n, d + 1, generator=g, dtype=F64), torch.randn(*shape, d, generator=g, dtype=F64),
+            torch.randn(*shape, generator=g, dtype=F64))
+
+
+def _naive(m, k, nk):
+    return NaiveKernel(m.d, weights=m.member_weights(k), dtype=F64, **nk)
+
+
+@pytest.mark.parametrize("per_member", [False, True], ids=["shared", "per-member"])
+@pytest.mark.parametrize("name,mk,nk", KCASES, ids=KIDS)
+def test_kernel_outputs_and_gradients(name, mk, nk, per_member):
+    m = _model(name, mk)
+    Z, xq, yq = _prompts((3, 9) if per_member else (9,), seed=int(per_member))
+    naive = [_naive(m, k, nk) for k in range(m.K)]
+    pick = (lambda t, k: t[k]) if per_member else (lambda t, k: t)
+    ref = torch.stack([net(pick(Z, k), pick(xq, k)) for k, net in enumerate(naive)])
+    torch.testing.assert_close(m.predict(Z, xq), ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m(Z[..., :3], Z[..., 3], xq), ref, rtol=0, atol=1e-12)
+    for k, net in enumerate(naive):
+        ((net(pick(Z, k), pick(xq, k)) - pick(yq, k)) ** 2).mean().backward()
+    loss = m.loss_and_grad(Z, xq, yq)  # the autograd fallback
+    torch.testing.assert_close(loss, ((ref - yq) ** 2).mean(1), rtol=0, atol=1e-12)
+    for k, net in enumerate(naive):
+        got = m.member_weights(k, m.flat.grad)
+        for block, grad in net.grads().items():
+            torch.testing.assert_close(got[block], grad, rtol=0, atol=1e-10, msg=f"{name} member {k} {block}")
+
+
+@pytest.mark.parametrize("name,mk,nk", KCASES, ids=KIDS)
+def test_kernel_other_lengths(name, mk, nk):
+    """Both units normalise by the prompt's own length n."""
+    m = _model(name, mk, K=1)
+    for n in (2, 30):
+        Z, xq, _ = _prompts((5,), n=n)
+        torch.testing.assert_close(m.predict(Z, xq)[0], _naive(m, 0, nk)(Z, xq), rtol=0, atol=1e-12)
+
+
+def test_kernel_matrix_logs_and_init():
+    m = _model("kernel", {"factorized": True}, K=2, scale=1.0)
+    w = m.member_weights(1)
+    torch.testing.assert_close(m.matrix()[1].double(), w["MK"][0].T @ w["MQ"][0])
+    assert w["MK"].abs().max() <= 1 / math.sqrt(3)
+    direct = MODELS["kernel"](d=3, heads=[1, 1], seeds=[4, 5], device="cpu", dtype=F64, factorized=False)
+    torch.testing.assert_close(direct.matrix(), m.matrix())  # the direct form starts at the same M
+    logs = {k: v[None].detach().numpy() for k, v in m.snapshot().items()}
+    mine = m.member_log(logs, 1)
+    M = m.matrix()[1].detach().numpy()
+    np.testing.assert_allclose(mine["w"][0], np.trace(M) / 3)
+    np.testing.assert_allclose(mine["iso"][0], lp.proportional_error(M)[1])
+
+
+@pytest.mark.parametrize("kwargs,name", [({"heads": [1, 2]}, "heads"), ({"outputs": 2}, "outputs"),
+                                         ({"factorized": "yes"}, "factorized")])
+def test_kernel_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
+        MODELS["kernel"](**{"d": 2, "device": "cpu", **kwargs})
+
+
+def test_window_grows_with_L_in_training(tmp_path, monkeypatch):
+    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path))
+    cfg = TrainConfig(model="kernel", task="lipschitz", d=3, n=16, heads=(1, 1), task_params={"sigma": 0.3},
+                      member_params=({"L": 0.3}, {"L": 3.0}), steps=300, batch=64, lr=0.02, log_every=100,
+                      device="cpu")
+    run = train(cfg, progress=False)
+    h = run.history
+    assert h.w[0].shape == (4,) and h.M[0].shape == (4, 3, 3) and h.iso[1][-1] < 0.3
+    assert h.w[1][-1] > 2 * h.w[0][-1] > 0
+    risks = lp.member_risks(run.model, cfg.tasks, num_prompts=2000, seed=1)
+    assert risks.shape == (2,) and risks[0] < risks[1]  # L = 0.3 is easier
+
+
+# ---- analysis ---------------------------------------------------------------------------------------
+def test_proportional_error_fits_and_ranks():
+    S = kms_covariance(3, 0.5).numpy()
+    assert lp.proportional_error(3 * np.eye(3)) == (3.0, 0.0)
+    c, e = lp.proportional_error(2 * np.linalg.inv(S), np.linalg.inv(S))
+    assert math.isclose(c, 2) and e < 1e-12
+    assert lp.proportional_error(np.linalg.inv(S))[1] > 0.2
+    x = np.array([1.0, 10, 100, 1000])
+    fit = lp.power_law_fit(x, 3 * x**0.4)
+    assert math.isclose(fit["exponent"], 0.4) and math.isclose(fit["prefactor"], 3) and fit["se"] < 1e-9
+    assert lp.rank_correlation([1, 2, 3], [0.1, 5, 7]) == pytest.approx(1)
+    assert lp.rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+
+
+def test_optimal_window_on_known_curves():
+    ws = np.logspace(-1, 2, 31)
+    curves = {"w": ws, "bias": ws**-2.0, "spread": ws}  # loss w^-2 + s^2 w: minimum at (2/s^2)^(1/3)
+    w, _ = lp.optimal_window(curves, sigma=0.5)
+    assert w == pytest.approx(8 ** (1 / 3), rel=0.02)
+    w2, _ = lp.optimal_window(curves, sigma=0.5, scale=2.0)  # scale 2: bias x4
+    assert w2 == pytest.approx(32 ** (1 / 3), rel=0.02)
+
+
+def test_window_curves_match_the_unit_with_M_wI():
+    """bias + sigma^2 spread is the risk of the trained-form unit with M = w I (Monte Carlo)."""
+    t = lp.LipschitzRegression(d=3, n=10, function="cosine", L=1.5, sigma=0.4)
+    c = lp.window_curves(t, [0.5, 4.0], num_prompts=20000, seed=0)
+    m = MODELS["kernel"](d=3, heads=[1, 1], seeds=[0, 1], device="cpu", dtype=F64, factorized=False)
+    with torch.no_grad():
+        m.params()["M"].copy_(torch.stack([0.5 * torch.eye(3), 4.0 * torch.eye(3)]))
+    risk, se = mc_risk(m, t, num_prompts=20000, seed=1, dtype=F64, return_se=True)
+    np.testing.assert_allclose(risk, c["bias"] + 0.16 * c["spread"], rtol=0, atol=4 * se.max() + 4e-3)
+    assert np.all(c["spread"] >= 1 / 10) and c["spread"][0] < c["spread"][1]  # spread 1/n at w = 0
+    p = t.sample(4, _gen())
+    wts = lp.kernel_weights(p.X, p.xq, 4.0)
+    torch.testing.assert_close(wts, torch.softmax(4.0 * (p.X @ p.xq[..., None])[..., 0], -1))
