@@ -54,7 +54,8 @@ from naive import NaiveAttention, NaiveKernel  # noqa: E402  (the tests' naive r
 D_, N_, B_, SIGMA2, LR, HEADS = 5, 40, 256, 0.1, 1e-3, (1, 2, 3, 4, 8)
 # chapter 4's grid: 3 classes x 6 Lipschitz constants, at the chapter's setting
 LIP_D, LIP_N, LIP_B, LIP_SIGMA, LIP_LR = 3, 64, 128, 0.35, 0.02
-LIP_GRID = tuple({"function": f, "L": L} for f in ("affine", "relu", "cosine") for L in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0))
+LIP_GRID = tuple({"function": f, "L": L} for f in ("affine", "relu", "cosine")
+                 for L in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0))
 
 
 def naive_runner(H, query_only, device):
