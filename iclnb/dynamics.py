@@ -99,15 +99,10 @@ def flow_rhs(omega, mu, n: int, d: int, sigma2: float):
     dmu_h/dt    = omega_h - omega_h (omega^T mu) - c sum_j exp(d omega_h omega_j) mu_j
     domega_h/dt = mu_h - mu_h (mu^T omega) - c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
 
-    This is minus half of :func:`approx_loss_grad` (the tests check it).
+    This is minus half of :func:`approx_loss_grad`.
     """
-    c = _params(n, d, sigma2)
-    w, m = _pair(omega, mu)
-    E = np.exp(d * w[..., :, None] * w[..., None, :])
-    wm = (w * m).sum(-1, keepdims=True)
-    dm = w - w * wm - c * np.einsum("...ij,...j->...i", E, m)
-    dw = m - m * wm - c * d * m * np.einsum("...ij,...j->...i", E, m * w)
-    return dw, dm
+    g_w, g_mu = approx_loss_grad(omega, mu, n, d, sigma2)
+    return -0.5 * g_w, -0.5 * g_mu
 
 
 # ---------------------------------------------------------------------- best mu, solution manifold

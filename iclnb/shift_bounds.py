@@ -37,7 +37,7 @@ from .softmax_regression import (
     step_inf_A,
     step_inf_x,
 )
-from .util import resolve_device
+from .util import derive_seed, resolve_device
 
 LN10 = math.log(10.0)
 
@@ -330,9 +330,9 @@ def adversarial_grid(ns: Sequence[int], Rs: Sequence[float], d: int, *, iters: i
     instances), ``"A"`` (data shift, A free). One row per cell and kind with the worst ratio found,
     the tight constant at that point, and the class-level tight constant ``R/2``."""
     rows = []
-    for i, n in enumerate(ns):
-        for j, R in enumerate(Rs):
-            s = seed * 1000 + 10 * i + j
+    for n in ns:
+        for R in Rs:
+            s = derive_seed(seed, "adversarial_grid", n, R)
             for kind in kinds:
                 A = sample_instances(1, n, d, R, s, device=device)["A"][0] if kind == "x_fixed" else None
                 res = adversarial_search(n, d, R, kind="x" if kind == "x_fixed" else kind, A=A, restarts=restarts,

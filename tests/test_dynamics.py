@@ -44,15 +44,6 @@ def test_gradient_matches_autograd():
     np.testing.assert_allclose(gm, m.grad.numpy(), rtol=1e-11, atol=1e-13)
 
 
-def test_flow_is_minus_half_the_gradient():
-    rng = np.random.default_rng(1)
-    w, m = 0.3 * rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
-    dw, dm = dyn.flow_rhs(w, m, N, D, S2)
-    gw, gm = dyn.approx_loss_grad(w, m, N, D, S2)
-    np.testing.assert_allclose(dw, -gw / 2, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(dm, -gm / 2, rtol=1e-12, atol=1e-14)
-
-
 def test_broadcasting_on_a_grid():
     wg, mg = np.meshgrid(np.linspace(0, 0.2, 7), np.linspace(0, 6, 5), indexing="ij")
     L = dyn.approx_loss(np.stack([wg, -wg], -1), np.stack([mg, -mg], -1), N, D, S2)

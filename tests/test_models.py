@@ -8,7 +8,7 @@ import torch
 from naive import KERNEL_CASES, NaiveAttention
 from torch import nn
 
-import iclnb.lipschitz  # noqa: F401  (registers the kernel models: MODELS is complete)
+import iclnb.train  # noqa: F401  (imports every module that registers a model: MODELS is complete)
 from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
