@@ -34,8 +34,8 @@ import torch
 
 from .models import Ensemble
 from .models import register as register_model
-from .tasks import Prompts, Task, kms_covariance, register, sample_members
-from .util import check, check_choice, check_int, check_real, check_reals, generator, is_real
+from .tasks import Prompts, Task, check_rho, kms_covariance, register, sample_members
+from .util import check, check_choice, check_int, check_real, check_reals, generator
 
 CLASSES = ("affine", "relu", "cosine")
 COVARIATES = ("sphere", "gaussian")
@@ -85,7 +85,7 @@ class LipschitzRegression(Task):
         check_real("L", self.L, strict=True)
         check_real("sigma", self.sigma)
         check_choice("covariates", self.covariates, COVARIATES)
-        check("rho", self.rho, is_real(self.rho) and -1 < self.rho < 1, "-1 < rho < 1")
+        check_rho(self.rho)
 
     @property
     def covariance(self) -> torch.Tensor:

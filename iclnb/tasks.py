@@ -135,10 +135,15 @@ def sample_members(tasks, batch: int, generators, device, dtype) -> Prompts:
 
 
 # ---- linear regression ----------------------------------------------------------------------
+def check_rho(rho) -> None:
+    """The correlation of :func:`kms_covariance`: a real number in (-1, 1)."""
+    check("rho", rho, is_real(rho) and -1 < rho < 1, "-1 < rho < 1")
+
+
 def kms_covariance(d: int, rho: float, dtype=torch.float64) -> torch.Tensor:
     """Kac-Murdock-Szego covariance Sigma_ij = rho^|i-j| (positive definite for |rho| < 1)."""
     check_int("d", d, 1)
-    check("rho", rho, is_real(rho) and -1 < rho < 1, "-1 < rho < 1")
+    check_rho(rho)
     i = torch.arange(d, dtype=dtype)
     return torch.as_tensor(rho, dtype=dtype) ** (i[:, None] - i[None, :]).abs()
 
@@ -154,7 +159,7 @@ class LinearRegression(Task):
 
     def validate(self):
         check_real("sigma2", self.sigma2)
-        check("rho", self.rho, is_real(self.rho) and -1 < self.rho < 1, "-1 < rho < 1")
+        check_rho(self.rho)
 
     @property
     def covariance(self) -> torch.Tensor:
