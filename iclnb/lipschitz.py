@@ -34,7 +34,7 @@ import torch
 
 from .models import Ensemble
 from .models import register as register_model
-from .tasks import Prompts, Task, check_rho, kms_covariance, register, sample_members
+from .tasks import Prompts, Task, check_rho, constant, kms_covariance, register, sample_members
 from .util import check, check_choice, check_int, check_real, check_reals, generator
 
 CLASSES = ("affine", "relu", "cosine")
@@ -142,30 +142,32 @@ def _sample(tasks, B, gens, device, dtype, with_info=False):
     X, uq = Z[..., :d], r[:, ctx : ctx + B * d].view(K, B, d)
     q = r[:, ctx + B * d :].view(K, B, d)
     q = q / q.norm(dim=-1, keepdim=True)
-    for group in _groups(tasks, "covariates"):
+    for members, group in _groups(tasks, "covariates", device):
         for u in (X, uq):
-            v = u if len(group) == K else u[group]
-            if tasks[group[0]].covariates == "sphere":
+            v = u if group is None else u[group]
+            if tasks[members[0]].covariates == "sphere":
                 v = v.div_(_dot(v, v).sqrt_().unsqueeze(-1))
             else:
                 v = v.mul_(d**-0.5)
-            if len(group) < K:
+            if group is not None:
                 u[group] = v
     u_info = torch.cat([X, uq.unsqueeze(2)], 2) if with_info else None
     proj, pq = _dot(X, q.unsqueeze(2)), _dot(uq, q).unsqueeze(-1)  # t = q^T u: (K,B,n), (K,B,1)
     F, yq = torch.empty_like(proj), torch.empty_like(pq)
-    for group in _groups(tasks, "function"):
-        sl = slice(None) if len(group) == K else group
-        L = torch.tensor([tasks[k].L for k in group], device=device, dtype=dtype).view(-1, 1, 1)
-        F[sl] = _values(tasks[group[0]].function, L, proj[sl], c[sl])
-        yq[sl] = _values(tasks[group[0]].function, L, pq[sl], c[sl])
+    for members, group in _groups(tasks, "function", device):
+        sl = slice(None) if group is None else group
+        L = constant(tuple(tasks[k].L for k in members), device, dtype).view(-1, 1, 1)
+        F[sl] = _values(tasks[members[0]].function, L, proj[sl], c[sl])
+        yq[sl] = _values(tasks[members[0]].function, L, pq[sl], c[sl])
     if any(t.rho for t in tasks):
-        for group in _groups(tasks, "rho"):
-            if tasks[group[0]].rho:
-                S = tasks[group[0]].sqrt_covariance.to(device=device, dtype=dtype)
+        for members, group in _groups(tasks, "rho", device):
+            first = tasks[members[0]]
+            if first.rho:
+                S = constant(("sqrt-covariance", d, first.rho), device, dtype, lambda: first.sqrt_covariance)
+                sl = slice(None) if group is None else group
                 for u in (X, uq):  # x = Sigma^1/2 u
-                    u[group] = _dot(u[group].unsqueeze(-2), S)
-    sigma = torch.tensor([t.sigma for t in tasks], device=device, dtype=dtype).view(K, 1, 1)
+                    u[sl] = _dot(u[sl].unsqueeze(-2), S)
+    sigma = constant(tuple(t.sigma for t in tasks), device, dtype).view(K, 1, 1)
     Z[..., d] = F.addcmul_(sigma, Z[..., d])
     return Prompts(Z, uq, yq[..., 0]), {"q": q, "coef": c, "u": u_info}
 
@@ -180,12 +182,14 @@ def _dot(A, v):
     return s
 
 
-def _groups(tasks, attr):
-    """Member indices grouped by the value of ``attr``, in order of first appearance."""
+def _groups(tasks, attr, device):
+    """Members grouped by the value of ``attr``, in order of first appearance: (member indices,
+    their index tensor on ``device``, or None when the group is every member)."""
     out = {}
     for k, t in enumerate(tasks):
         out.setdefault(getattr(t, attr), []).append(k)
-    return list(out.values())
+    return [(ks, None if len(ks) == len(tasks) else constant(tuple(ks), device, torch.long))
+            for ks in out.values()]
 
 
 # ---- the kernel-attention unit ----------------------------------------------------------------

@@ -259,6 +259,16 @@ def versions() -> dict:
             "cuda": torch.cuda.is_available()}
 
 
+def _device_words(device) -> str:
+    """The device a chapter's ``device`` parameter resolved to on this machine, in words."""
+    from .util import describe_device
+
+    try:
+        return describe_device(device)
+    except ValueError:
+        return "not available here"
+
+
 def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Path:
     """The book's "Reproducibility" page: every chapter's claims, parameters, wall time, versions."""
     v = versions()
@@ -282,7 +292,8 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
         changed = ", ".join(r.parameters) or "none (defaults)"
         preset = f"the **{r.preset}** preset" if r.preset else "its defaults"
         lines += ["", f"## {r.chapter.title}", "",
-                  f"Ran with {preset} on device `{full.get('device', 'n/a')}` (CUDA available: {v['cuda']}). "
+                  f"Ran with {preset} on device `{full.get('device', 'n/a')}`, that is "
+                  f"{_device_words(full.get('device', 'auto'))}. "
                   f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
                   "```", ""]
         if r.error:

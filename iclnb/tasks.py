@@ -37,6 +37,23 @@ from .util import check, check_choice, check_int, check_real, is_real, resolve_d
 TASKS: dict[str, type] = {}
 
 
+_CONSTANTS: dict = {}
+
+
+def constant(key, device, dtype, build=None) -> torch.Tensor:
+    """A constant tensor on ``device``, built once per (key, device, dtype): ``build()`` or, by
+    default, ``torch.tensor(key)`` for a tuple of numbers.
+
+    Samplers run every step, and on CUDA inside a captured graph, where a copy from host memory
+    is not allowed: per-member constants (L, noise levels, index lists, a covariance factor) come
+    from here, made during the eager warm-up and reused afterwards."""
+    k = (key, str(device), dtype)
+    if k not in _CONSTANTS:
+        value = torch.tensor(key, dtype=dtype) if build is None else build()
+        _CONSTANTS[k] = value.to(device=device, dtype=dtype)
+    return _CONSTANTS[k]
+
+
 def register(cls):
     """Class decorator: add a :class:`Task` subclass to ``TASKS`` under its ``name``."""
     TASKS[cls.name] = cls
@@ -175,7 +192,8 @@ class LinearRegression(Task):
         q = r[B * n * D : B * (n + 1) * D].view(B, 1, D)
         g = r[B * (n + 1) * D :].view(B, d, 1)
         if self.rho:
-            chol_t = torch.linalg.cholesky(self.covariance).to(device=device, dtype=dtype).T
+            chol_t = constant(("kms-cholesky-t", d, self.rho), device, dtype,
+                              lambda: torch.linalg.cholesky(self.covariance).T)
             Z[..., :d] = Z[..., :d] @ chol_t
             q[..., :d] = q[..., :d] @ chol_t
         s, a = math.sqrt(self.sigma2), 1.0 / math.sqrt(d)

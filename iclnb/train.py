@@ -1,8 +1,8 @@
 """The training engine, the library's one training loop: K models trained at once.
 
 Any registered model (``iclnb.models.MODELS``) on any registered task (``iclnb.tasks.TASKS``).
-Data: fresh prompts every step from the task's sampler, with a generator seeded by
-``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
+Data: fresh prompts every step from the task's sampler, with a generator (on the training
+device) seeded by ``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
 across head counts), or, with per-member task parameters, each member draws its own prompts
 from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init_seeds[k]``
 (default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
@@ -205,21 +205,20 @@ def _show_progress(progress) -> bool:
 
 
 def prompt_stream(cfg: TrainConfig, device, dtype):
-    """``next_batch()`` -> Prompts of the config's data stream (shared, or one per member).
+    """(``next_batch()`` -> Prompts of the config's data stream, the generators it draws from).
 
-    On CPU each stream has its own generator, ``derive_seed(seed, "data")`` (and ``..., k`` per
-    member). On CUDA every draw comes from the device's default generator, seeded with
-    ``derive_seed(seed, "data")`` by :func:`_fit` (which restores its state afterwards): it is the
-    generator that CUDA graphs replay correctly, so the captured and the eager step draw the same
-    numbers.
+    A shared stream draws from one generator, ``derive_seed(seed, "data")``; per-member streams
+    each from their own, ``derive_seed(seed, "data", k)``, on the training device (CPU or CUDA),
+    so a member draws the same prompts in an ensemble as alone. On CUDA these generators are
+    registered with the graph before capture (PyTorch's graph-safe RNG), so the captured and the
+    eager step draw the same numbers.
     """
-    cuda = torch.device(device).type == "cuda"
     if cfg.member_params is None:
-        task, gen = cfg.tasks[0], None if cuda else generator(cfg.seed, "data", device=device)
-        return lambda: task.sample(cfg.batch, gen, device, dtype)
+        task, gen = cfg.tasks[0], generator(cfg.seed, "data", device=device)
+        return (lambda: task.sample(cfg.batch, gen, device, dtype)), [gen]
     tasks = cfg.tasks
-    gens = [None if cuda else generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
-    return lambda: sample_members(tasks, cfg.batch, gens, device, dtype)
+    gens = [generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
+    return (lambda: sample_members(tasks, cfg.batch, gens, device, dtype)), gens
 
 
 class _Blocks:
@@ -252,12 +251,15 @@ class _Blocks:
             self.opt.step()
 
 
-def cuda_graph_capture(fn):
+def cuda_graph_capture(fn, generators=()):
     """Capture ``fn()`` (one full block, after an eager warm-up block) as a CUDA graph and return
     its ``replay``. Follows PyTorch's recipe: static buffers (the block's), the warm-up on a side
-    stream done by the caller, a capturable optimizer, random numbers from the default CUDA
-    generator inside the graph."""
+    stream done by the caller, a capturable optimizer, and random numbers drawn inside the graph
+    from ``generators``, registered with the graph before capture begins (each replay then
+    advances them as the eager steps would)."""
     graph = torch.cuda.CUDAGraph()
+    for g in generators:
+        graph.register_generator_state(g)
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
@@ -277,7 +279,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
     cuda = dev.type == "cuda"
     use_graphs = capture is not None or (cuda and cuda_graphs is not False)
     capture = capture or cuda_graph_capture
-    batch = prompt_stream(cfg, dev, dt)
+    batch, gens = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
     blocks = _Blocks(model, opt, batch, every)
 
@@ -298,18 +300,13 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
 
         bar = tqdm(total=cfg.steps, desc=f"{cfg.model} heads={list(cfg.heads)}", unit="step")
     replay = None
-    on_device = contextlib.ExitStack()
-    if cuda:  # the device current, its default generator seeded for the data, restored afterwards
-        on_device.enter_context(torch.cuda.device(dev))
-        on_device.enter_context(torch.random.fork_rng(devices=[dev]))
+    on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
     with bar if show else contextlib.nullcontext(), on_device:
-        if cuda:
-            torch.cuda.manual_seed(derive_seed(cfg.seed, "data"))
         for b, first in enumerate(range(0, cfg.steps, cfg.log_every)):
             count = min(every, cfg.steps - first)
             if use_graphs and b == 1 and count == every:  # capture after the warm-up block
                 try:
-                    replay = capture(lambda: blocks.run(every))
+                    replay = capture(lambda: blocks.run(every), gens)
                 except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager steps
                     warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); training eagerly",
                                   stacklevel=3)

@@ -87,6 +87,15 @@ def resolve_device(device="auto") -> torch.device:
     return dev
 
 
+def describe_device(device="auto") -> str:
+    """What ``device`` resolves to here, in words: ``"cpu (2 cores)"``, ``"cuda:0 (NVIDIA H100 ...)"``."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return f"cpu ({os.cpu_count()} cores)"
+
+
 def resolve_dtype(dtype) -> torch.dtype:
     """A torch dtype from ``torch.float32``/``torch.float64`` or their names."""
     dt = DTYPES.get(dtype, dtype)

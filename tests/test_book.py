@@ -46,6 +46,7 @@ def test_chapter_conventions(ch):
     assert {"seed", "device", "enforce_claims"} <= names
     assert ch.description, "front matter iclnb.description is missing"
     assert "smoke" in ch.presets, "front matter iclnb.smoke (the tiny parameters) is missing"
+    assert "paper" in ch.presets, "front matter iclnb.paper (the paper-scale parameters) is missing"
     for preset, values in ch.presets.items():  # every preset sets only real parameters
         assert set(values) <= names, f"{preset} parameters not in the parameters cell: {set(values) - names}"
     assert re.match(rf"# {ch.number}\. ", ch.path.read_text().split("---", 2)[2].lstrip()), "title '# N. ...'"

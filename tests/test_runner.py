@@ -95,6 +95,7 @@ def test_reproducibility_page(chapter, tmp_path, monkeypatch):
     runs = [run(chapter, tmp_path), run(chapter, tmp_path, preset="paper")]
     page = runner.write_reproducibility_page(runs).read_text()
     assert "Ran with its defaults" in page and "Ran with the **paper** preset" in page
+    assert "that is cpu (" in page or "that is cuda:" in page  # the device used, not only the parameter
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page
     assert "| pass |" in page and "n-min" in page
 

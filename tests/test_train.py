@@ -28,23 +28,31 @@ def test_history_shapes_and_circuits():
     assert not run.from_cache and run.train_seconds > 0
 
 
-def test_matches_autograd_and_torch_adam():
-    """The engine's steps equal autograd + torch.optim.Adam on the same data stream."""
-    cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 5})
+@pytest.mark.parametrize("captured", [False, True])
+def test_matches_autograd_and_torch_adam(captured):
+    """The engine's steps equal a hand-written loop of autograd + torch.optim.Adam on the same
+    data stream, over several logging blocks, whether the blocks run eagerly or through the
+    capture path (blocks after the first replayed, with an eager stand-in for the CUDA graph)."""
+    from iclnb.train import _fit
+
+    cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})  # blocks of 10: 4 full, one of 7
     ref = build_model(cfg)
     opt = torch.optim.Adam([ref.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
     gen, task = generator(cfg.seed, "data"), LinearRegression(d=cfg.d, n=cfg.n, **cfg.task_params)
-    first = None
+    losses = []
     for _ in range(cfg.steps):
         p = task.sample(cfg.batch, gen, "cpu", torch.float64)
         loss = ((ref.predict(p.Z, p.xq) - p.yq) ** 2).mean(1)
-        first = loss.detach() if first is None else first
+        losses.append(loss.detach())
         opt.zero_grad()
         loss.sum().backward()
         opt.step()
-    run = train(cfg, progress=False, cache=False)
-    torch.testing.assert_close(run.model.flat, ref.flat, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(run.history.loss[:, 0], first.numpy(), atol=1e-12)
+    model, calls = build_model(cfg), []
+    logs = _fit(cfg, model, show=False, capture=_eager_stand_in(calls) if captured else None)
+    assert calls == (["capture"] + ["replay"] * 3 if captured else [])
+    torch.testing.assert_close(model.flat, ref.flat, rtol=0, atol=1e-10)
+    logged = torch.stack([losses[s] for s in range(0, cfg.steps, cfg.log_every)])
+    torch.testing.assert_close(logs["loss"][:-1], logged, rtol=0, atol=1e-12)
 
 
 def test_loss_decreases():
@@ -84,7 +92,7 @@ def test_per_member_task_parameters():
     """Each member draws its own prompts from its own task; a member trains as it would alone."""
     cfg = TrainConfig(heads=(1, 1, 2), member_params=({"sigma2": 0.0}, {"sigma2": 1.0}, {}), **TINY)
     assert [t.sigma2 for t in cfg.tasks] == [0.0, 1.0, 0.1]
-    p = prompt_stream(cfg, torch.device("cpu"), torch.float64)()
+    p = prompt_stream(cfg, torch.device("cpu"), torch.float64)[0]()
     assert p.Z.shape == (3, 16, 6, 4) and p.yq.shape == (3, 16)
     ens = train(cfg, cache=False)
     alone = TrainConfig(heads=(1,), task_params={"sigma2": 1.0}, **TINY)
@@ -163,7 +171,7 @@ def test_bad_config(kwargs, name):
 
 def _eager_stand_in(calls):
     """A stand-in for cuda_graph_capture: 'captures' by keeping the function, 'replays' by calling it."""
-    def capture(fn):
+    def capture(fn, generators):
         calls.append("capture")
 
         def replay():
@@ -185,7 +193,7 @@ def test_block_path_equals_the_eager_step(fail):
     ref = _fit(cfg, plain, show=False, cuda_graphs=False)
     calls, model = [], build_model(cfg)
     if fail:
-        def capture(fn):
+        def capture(fn, generators):
             raise RuntimeError("no graphs here")
         with pytest.warns(UserWarning, match="CUDA graph capture failed"):
             logs = _fit(cfg, model, show=False, capture=capture)
@@ -197,11 +205,26 @@ def test_block_path_equals_the_eager_step(fail):
         assert torch.equal(logs[k], ref[k]), k
 
 
+GPU_CASES = {
+    "softmax-shared": dict(heads=(1, 2, 3, 4, 8)),
+    "softmax-members-rho": dict(heads=(1, 2, 2), member_params=({"sigma2": 0.0}, {"rho": 0.5}, {})),
+    "kernel-grid": dict(model="kernel", task="lipschitz", heads=(1,) * 6, member_params=tuple(
+        {"function": f, "L": L, "rho": r} for f in ("affine", "relu", "cosine") for L, r in ((0.5, 0), (2.0, 0.3)))),
+    "kernel-linear": dict(model="kernel_linear", task="lipschitz", heads=(1,)),
+    "normalized": dict(model="normalized", heads=(1, 2), model_params={"activation": "sigmoid"}),
+    "softmax-regression": dict(task="softmax_regression", heads=(1,)),
+}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graphs_equal_eager_on_the_gpu():
-    cfg = TrainConfig(heads=(1, 2, 3, 4, 8), **{**TINY, "d": 5, "n": 40, "batch": 256, "steps": 300,
-                                                  "log_every": 100, "device": "cuda", "dtype": "float32"})
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_cuda_graphs_equal_eager_on_the_gpu(case):
+    """Every model and task captures (no fallback warning) and trains as the eager path does."""
+    cfg = TrainConfig(**{**TINY, "d": 5, "n": 40, "batch": 256, "steps": 300, "log_every": 100,
+                         "device": "cuda", "dtype": "float32", **GPU_CASES[case]})
     eager = train(cfg, cache=False, cuda_graphs=False)
-    graphs = train(cfg, cache=False, cuda_graphs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns: fail instead
+        graphs = train(cfg, cache=False, cuda_graphs=True)
     torch.testing.assert_close(graphs.model.flat, eager.model.flat, rtol=0, atol=1e-5)
     np.testing.assert_allclose(graphs.history.loss, eager.history.loss, rtol=1e-5)
