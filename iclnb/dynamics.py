@@ -221,7 +221,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     (default ``num`` equally spaced times from 0 to t_end) and kept continuous in
     ``Trajectory.dense``. Raises RuntimeError when the solver fails.
     """
-    c = _params(n, d, sigma2)
+    _params(n, d, sigma2)
     w0, m0 = _pair(omega0, mu0)
     check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
     check_real("t_end", t_end, strict=True)
@@ -229,10 +229,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     H = w0.size
 
     def rhs(_t, y):
-        w, m = y[:H], y[H:]
-        E = np.exp(d * np.outer(w, w))
-        wm = w @ m
-        return np.concatenate([m - m * wm - c * d * m * (E @ (m * w)), w - w * wm - c * (E @ m)])
+        return np.concatenate(flow_rhs(y[:H], y[H:], n, d, sigma2))
 
     t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
     sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
