@@ -583,6 +583,20 @@ def icl_comparison(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
     return out
 
 
+def layer_config(d: int, n: int, lr: float, init_seeds, init_scales=None, steps: int = 2000,
+                 batch: int = 256, seed: int = 0, device="auto", model: str = "softmax", log_every: int = 50,
+                 **task_params):
+    """The :class:`iclnb.train.TrainConfig` of an ensemble of one-head layers on softmax regression:
+    one member per init seed, each with its own initial scale (``init_scales``, softmax only;
+    default: the engine's initialisation); ``task_params`` go to the task (e.g. ``encoding``)."""
+    from .train import TrainConfig
+
+    mp = {} if init_scales is None else {"init_scale": tuple(float(v) for v in init_scales)}
+    return TrainConfig(model=model, task="softmax_regression", d=d, n=n, heads=(1,) * len(init_seeds),
+                       init_seeds=tuple(init_seeds), task_params=task_params, model_params=mp, steps=steps,
+                       batch=batch, lr=lr, seed=seed, log_every=log_every, device=device)
+
+
 def escaped(val_mse, val_uniform: float, groups: dict | None = None) -> dict:
     """Initialisations that left the plateau: validation MSE below half the uniform baseline's.
     Returns ``{label: count}`` per group of member indices (default: all in one group, None)."""

@@ -282,3 +282,12 @@ def test_train_through_engine_and_compare_tiny():
     for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine", "mse"):
         assert math.isfinite(cmp["layer"][k])
     assert cmp["eta"] > 0 and len(cmp["scatter"]["layer"]) == 40
+
+
+def test_layer_config_members_scales_and_task():
+    cfg = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4, 5), init_scales=(1.0, 0.1), steps=3, batch=4,
+                          device="cpu", encoding="raw", label_scale=10.0)
+    assert cfg.heads == (1, 1) and cfg.init_seeds == (4, 5) and cfg.model_params == {"init_scale": (1.0, 0.1)}
+    assert cfg.task_params["encoding"] == "raw" and cfg.task_params["label_scale"] == 10.0
+    lin = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4,), model="linear", device="cpu")
+    assert lin.model == "linear" and lin.model_params == {}
