@@ -1,14 +1,21 @@
 """Claims: every statement a chapter makes is a number checked against a threshold.
 
 A chapter creates one :class:`Claims` and records each claim under a stable id (tests and
-sweeps match on ids, never on wording) with one of three kinds:
+sweeps match on ids, never on wording) with one of four kinds:
 
 * :meth:`Claims.check`: a claim of the paper the chapter reproduces, value <op> threshold;
   enforced (the book build fails when it does not hold at the default parameters);
 * :meth:`Claims.finding`: a claim of the paper that the chapter found **not** to reproduce (or
   that only holds at a scale the run does not reach): the threshold is kept and evaluated, the
   page shows "not reproduced" when it fails, and it is never enforced;
-* :meth:`Claims.report`: a number reported without a threshold.
+* :meth:`Claims.report`: a number reported without a threshold;
+* :meth:`Claims.sanity`: a check that cannot fail except through a bug (a precondition enforced
+  by construction, a bound implied by a proven one, an algebraic identity, a parameter echoed
+  back): enforced like a check, but kept apart from the evidence, in its own group of the table
+  and of the JSON.
+
+The table shows three groups, in this order: evidence (checks and findings), reported numbers,
+sanity checks; each claim's ``group`` is in the JSON.
 
 :meth:`Claims.finish` shows the claims table on the page, writes the claims as JSON beside the
 executed notebook and, when ``enforce`` is on (the default parameters), raises
@@ -60,7 +67,14 @@ def _fmt(x) -> str:
     return str(x)
 
 
-KINDS = ("check", "finding", "report")
+KINDS = ("check", "finding", "report", "sanity")
+# the table's groups: (group name, its heading on the page, the kinds it holds)
+GROUPS = (
+    ("evidence", "Evidence", ("check", "finding")),
+    ("report", "Reported numbers", ("report",)),
+    ("sanity", "Sanity checks (these can fail only through a bug)", ("sanity",)),
+)
+GROUP_OF = {kind: g for g, _, kinds in GROUPS for kind in kinds}
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -80,6 +94,10 @@ class Claim:
         if self.kind == "finding":
             return "reproduced" if self.passed else "not reproduced"
         return {True: "pass", False: "FAIL", None: "reported"}[self.passed]
+
+    @property
+    def group(self) -> str:
+        return GROUP_OF[self.kind]
 
     @property
     def condition(self) -> str:
@@ -142,6 +160,11 @@ class Claims:
         threshold, shown as "not reproduced" (or "reproduced"), never enforced."""
         return self._compare(cid, text, value, op, threshold, ref, "finding")
 
+    def sanity(self, cid: str, text: str, value, op: str, threshold, ref: str = "") -> bool:
+        """Record a sanity check ``value <op> threshold``: one that cannot fail except through a
+        bug. Enforced like :meth:`check`, shown apart from the evidence."""
+        return self._compare(cid, text, value, op, threshold, ref, "sanity")
+
     def report(self, cid: str, text: str, value, ref: str = "") -> None:
         """Record a number the chapter reports without a pass/fail threshold."""
         self._add(Claim(cid, text, _plain(value), None, None, ref, None, "report"))
@@ -154,7 +177,7 @@ class Claims:
 
     @property
     def failed(self) -> list[Claim]:
-        return [c for c in self.claims if c.passed is False and c.kind == "check"]
+        return [c for c in self.claims if c.passed is False and c.kind in ("check", "sanity")]
 
     @property
     def n_passed(self) -> int:
@@ -167,7 +190,9 @@ class Claims:
             "passed": self.n_passed,
             "failed": len(self.failed),
             "not_reproduced": sum(c.kind == "finding" and not c.passed for c in self.claims),
-            "claims": [asdict(c) | {"status": c.status, "condition": c.condition} for c in self.claims],
+            "sanity_passed": sum(c.passed is True and c.kind == "sanity" for c in self.claims),
+            "claims": [asdict(c) | {"status": c.status, "condition": c.condition, "group": c.group}
+                       for c in self.claims],
         }
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
@@ -208,16 +233,31 @@ class ClaimsTable:
     def _cells(r: dict) -> list[str]:
         return [r["id"], r["text"], _fmt(r["value"]), r["condition"], r["status"], r["ref"]]
 
+    def groups(self) -> list[tuple[str, list[dict]]]:
+        """(heading, rows) of each non-empty group, in the order of ``GROUPS``."""
+        out = []
+        for g, heading, _ in GROUPS:
+            rows = [r for r in self.rows if r.get("group", GROUP_OF.get(r.get("kind"), "evidence")) == g]
+            if rows:
+                out.append((heading, rows))
+        return out
+
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
         body = []
-        for r in self.rows:
-            color = {"pass": "#1a7f37", "FAIL": "#cf222e", "not reproduced": "#9a6700"}.get(r["status"], "#57606a")
-            cells = [html.escape(c) for c in self._cells(r)]
-            cells[0] = f"<code>{cells[0]}</code>"
-            cells[4] = f'<b style="color:{color}">{cells[4]}</b>'
-            body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        for heading, rows in self.groups():
+            body.append(f'<tr class="iclnb-group"><th colspan="{len(self.HEADERS)}" '
+                        f'style="text-align:left">{html.escape(heading)}</th></tr>')
+            body.extend(self._row_html(r) for r in rows)
         return f'<table class="iclnb-claims"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
+    def _row_html(self, r: dict) -> str:
+        color = {"pass": "#1a7f37", "FAIL": "#cf222e", "not reproduced": "#9a6700"}.get(r["status"], "#57606a")
+        cells = [html.escape(c) for c in self._cells(r)]
+        cells[0] = f"<code>{cells[0]}</code>"
+        cells[4] = f'<b style="color:{color}">{cells[4]}</b>'
+        return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
     def __repr__(self) -> str:
-        return "\n".join(" | ".join(self._cells(r)) for r in self.rows)
+        return "\n".join(f"{heading}:\n" + "\n".join(" | ".join(self._cells(r)) for r in rows)
+                         for heading, rows in self.groups())

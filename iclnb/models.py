@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .util import check, check_choice, check_int, check_ints, is_int, resolve_device, resolve_dtype
+from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype
 
 MODELS: dict[str, type] = {}
 
@@ -185,6 +185,10 @@ class _Attention(Ensemble):
         qkv = u[:, : 3 * D * D].view(H, 3, D, D) / math.sqrt(D)
         views["WQ"][sl], views["WK"][sl], views["WV"][sl] = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         views["WO"][sl] = u[:, 3 * D * D :].view(H, T, D) / math.sqrt(H * D)
+        scale = self.init_scales[k] if hasattr(self, "init_scales") else 1.0
+        if scale != 1.0:
+            for name in ("WQ", "WK", "WV", "WO"):
+                views[name][sl] *= scale
 
     @property
     def weights(self):
@@ -325,6 +329,16 @@ class SoftmaxAttention(_Attention):
 
     name = "softmax"
     score_unit = math.log2(math.e)  # scores in log2 units: exp2 is ~4x faster than exp on CPU
+
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, init_scale=1.0):
+        # every weight's init times init_scale (so KQ and OV times its square): one number, or one
+        # per member (members of one ensemble may start at different scales)
+        K = 1 if is_int(heads) else len(heads)
+        scales = list(init_scale) if isinstance(init_scale, (list, tuple)) else [init_scale] * K
+        ok = len(scales) == K and all(is_real(v) and v > 0 for v in scales)
+        check("init_scale", init_scale, ok, f"a real number > 0, or {K} of them (one per member)")
+        self.init_scales = [float(v) for v in scales]
+        super().__init__(d, heads, outputs, seeds, device, dtype)
 
     def _kernel(self, S):
         E = (S - S.amax(-1, keepdim=True)).exp2_()  # phi = phi' = exp, up to a common factor

@@ -208,17 +208,22 @@ class LinearRegression(Task):
 class SoftmaxRegression(Task):
     """In-context softmax regression: A (n x d) with rows a_i ~ N(0, I_d), a hidden
     x* ~ N(0, signal^2 I_d / d) (each logit a_i^T x* has standard deviation ~signal),
-    b = softmax(A x*). Context tokens z_i = [a_i; n b_i - 1]: the label slot holds the centred,
-    rescaled probability (mean exactly 0 since sum b = 1; 0 for a uniform b), an invertible map
-    of b on the scale of the rows that removes the constant 1/n (the models have no bias).
+    b = softmax(A x*). Context tokens z_i = [a_i; label_scale * u_i] with, for
+    ``encoding="centred"`` (the default), u_i = n b_i - 1: the centred, rescaled probability (mean
+    exactly 0 since sum b = 1; 0 for a uniform b), an invertible map of b on the scale of the rows
+    that removes the constant 1/n (the models have no bias); ``encoding="raw"`` puts b_i itself.
     A query a_q ~ N(0, I_d) has target y_q = a_q^T x*, its logit under the hidden weights. For
     generic A (n > d), b determines x*, so the target is learnable from the context."""
 
     signal: float = 1.0
+    label_scale: float = 1.0  # factor on the label slot of the context tokens
+    encoding: str = "centred"  # label slot: "centred" (n b_i - 1) or "raw" (b_i)
     name: ClassVar[str] = "softmax_regression"
 
     def validate(self):
         check_real("signal", self.signal, strict=True)
+        check_real("label_scale", self.label_scale, strict=True)
+        check_choice("encoding", self.encoding, ("centred", "raw"))
 
     def draw(self, batch: int, queries: int = 1, generator=None, device="cpu", dtype=torch.float64) -> dict:
         """``batch`` tasks with ``queries`` queries each: ``{"A" (B,n,d), "b" (B,n), "x_star" (B,d),
@@ -232,10 +237,10 @@ class SoftmaxRegression(Task):
         b = torch.softmax(torch.einsum("bnd,bd->bn", A, xs), -1)
         return {"A": A, "b": b, "x_star": xs, "Aq": Aq, "yq": torch.einsum("bqd,bd->bq", Aq, xs)}
 
-    @staticmethod
-    def tokens(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """Context tokens [a_i; n b_i - 1] (B, n, d+1)."""
-        return torch.cat([A, (b.shape[-1] * b - 1.0).unsqueeze(-1)], dim=-1)
+    def tokens(self, A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Context tokens [a_i; label_scale * u_i] (B, n, d+1), u_i = n b_i - 1 or b_i."""
+        u = b.shape[-1] * b - 1.0 if self.encoding == "centred" else b
+        return torch.cat([A, (self.label_scale * u).unsqueeze(-1)], dim=-1)
 
     def sample(self, batch, generator=None, device="cpu", dtype=torch.float32) -> Prompts:
         t = self.draw(batch, 1, generator, device, dtype)

@@ -184,8 +184,9 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
     for k in params:
         check(f"{cfg.model} parameter", k, k in allowed, f"one of {sorted(allowed)}")
     heads = list(cfg.heads)
-    if check_only:  # validate the parameters on a one-member model
+    if check_only:  # validate the parameters on a one-member model (per-member lists: the first)
         heads, seeds = heads[:1], [0]
+        params = {k: v[:1] if isinstance(v, (list, tuple)) and len(v) == cfg.K else v for k, v in params.items()}
     else:
         seeds = cfg.member_seeds
     outputs = type(cfg.tasks[0]).outputs

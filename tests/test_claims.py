@@ -81,3 +81,31 @@ def test_html_escapes_text():
     c = Claims("x")
     c.check("esc", "a < b & c", 1, "<", 2)
     assert "a &lt; b &amp; c" in c.table()._repr_html_()
+
+
+def test_sanity_checks_are_enforced_and_grouped_apart(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
+    c = Claims("ch", enforce=True)
+    assert c.sanity("pre", "precondition by construction", True, "is", True, ref="Thm 1")
+    c.report("num", "a number", 2.5)
+    assert c.check("ev", "evidence", 0.1, "<", 1)
+    assert not c.finding("fi", "a finding", 3, "<", 1)
+    assert c["pre"].kind == "sanity" and c["pre"].group == "sanity" and c["ev"].group == "evidence"
+    table = c.finish()
+    # groups in a fixed order: evidence (checks and findings), reported numbers, sanity checks
+    assert [[r["id"] for r in rows] for _, rows in table.groups()] == [["ev", "fi"], ["num"], ["pre"]]
+    h = table._repr_html_()
+    assert h.index("Evidence") < h.index("<code>ev</code>") < h.index("Reported numbers")
+    assert h.index("Reported numbers") < h.index("Sanity checks") < h.index("<code>pre</code>")
+    assert "Sanity checks" in repr(table)
+    data = json.loads(path.read_text())
+    assert data["passed"] == 1 and data["sanity_passed"] == 1 and data["failed"] == 0
+    assert {r["id"]: r["group"] for r in data["claims"]} == {"pre": "sanity", "num": "report", "ev": "evidence",
+                                                              "fi": "evidence"}
+    assert not c.sanity("bug", "fails only through a bug", 2, "<", 1)
+    assert [f.id for f in c.failed] == ["bug"]
+    with pytest.raises(ClaimsFailed, match="fails only through a bug"):
+        c.finish()
+    groups = Claims("x").table().groups()
+    assert groups == []  # no claims, no empty group headings

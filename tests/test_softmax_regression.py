@@ -156,46 +156,106 @@ def test_gd_one_step_from_zero_formula():
     assert y.shape == (6, 2) and s.shape == (6, 2, 4)
     assert torch.allclose(y, (t["Aq"] @ x1.unsqueeze(-1)).squeeze(-1))
 
-def _member(d, seed, dtype=torch.float32):
-    from iclnb.models import SoftmaxAttention
+def _model(d, seeds, name="softmax", **kw):
+    from iclnb.models import MODELS
 
-    return sr.AttentionMember(SoftmaxAttention(d, heads=[1], seeds=[seed], device="cpu", dtype=dtype))
+    return MODELS[name](d, heads=[1] * len(seeds), seeds=list(seeds), device="cpu", dtype=torch.float64, **kw)
 
-def test_attention_member_shapes_seeds_and_sensitivity():
-    t = SoftmaxRegression(d=3, n=10).draw(2, 4, torch.Generator().manual_seed(0))
-    l1, l2, l3 = _member(3, 0, torch.float64), _member(3, 0, torch.float64), _member(3, 1, torch.float64)
-    y1 = l1.predict(t["A"], t["b"], t["Aq"])
-    assert y1.shape == (2, 4)
-    assert torch.equal(y1, l2.predict(t["A"], t["b"], t["Aq"]))
-    assert not torch.equal(y1, l3.predict(t["A"], t["b"], t["Aq"]))
-    y, s = l1.predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
-    assert y.shape == (2, 4) and s.shape == (2, 4, 3) and torch.allclose(y, y1)
-    # sensitivity by autograd matches a central finite difference
-    e = torch.zeros_like(t["Aq"])
-    e[0, 1, 2] = 1e-5
-    yp = l1.predict(t["A"], t["b"], t["Aq"] + e)
-    ym = l1.predict(t["A"], t["b"], t["Aq"] - e)
-    assert abs(float((yp - ym)[0, 1] / 2e-5) - float(s[0, 1, 2])) < 1e-6
 
-def test_small_omega_layer_is_one_gd_step():
-    """With W_K^T W_Q = omega sqrt(D) I on the rows and value mu*u, the layer is GD with eta = n mu omega."""
+@pytest.mark.parametrize("name", ["softmax", "linear"])
+def test_circuit_layer_matches_the_engine_model(name):
+    """The closed form read off the circuits predicts what the engine's model predicts, and its
+    closed-form sensitivity is the autograd derivative of the model's prediction."""
+    task = SoftmaxRegression(d=3, n=10)
+    t = task.draw(2, 4, torch.Generator().manual_seed(0))
+    kw = {"n_train": 10} if name == "linear" else {}
+    model = _model(3, [5, 6], name, **kw)
+    layer = sr.CircuitLayer.from_model(model, 1, task)
+    y, s = layer.predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
+    assert y.shape == (2, 4) and s.shape == (2, 4, 3)
+    Z = task.tokens(t["A"], t["b"])
+    for q in range(4):
+        a = t["Aq"][:, q].clone().requires_grad_(True)
+        ym = model.predict(Z, a)[1]
+        (g,) = torch.autograd.grad(ym.sum(), a)
+        assert torch.allclose(ym.detach(), y[:, q], rtol=1e-10, atol=1e-12)
+        assert torch.allclose(g, s[:, q], rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(y, sr.CircuitLayer.from_model(model, 0, task).predict(t["A"], t["b"], t["Aq"]))
+
+
+def test_circuit_layer_from_history_is_the_final_model():
+    task = SoftmaxRegression(d=3, n=10)
+    cfg = TrainConfig(model="softmax", task="softmax_regression", d=3, n=10, heads=(1, 1), init_seeds=(1, 2),
+                      steps=4, batch=8, lr=1e-2, log_every=2, device="cpu", dtype="float64")
+    run = train(cfg, progress=False, cache=False)
+    t = task.draw(3, 2, torch.Generator().manual_seed(1))
+    a = sr.CircuitLayer.from_history(run.history, 1, -1, task).predict(t["A"], t["b"], t["Aq"])
+    b = sr.CircuitLayer.from_model(run.model, 1, task).predict(t["A"], t["b"], t["Aq"])
+    assert torch.allclose(a, b, rtol=1e-12)
+    traj = sr.layer_trajectory(run.history, 0, sr.icl_tasks(task, 10, 10, 2), task)
+    assert traj["step"] == [0, 2, 4] and len(traj["cosine"]) == 3 and len(traj["step_size"]) == 3
+
+
+def test_small_omega_layer_is_one_gd_step_and_linear_layer_is_exact():
+    """kq = omega I on the rows and value mu*u: softmax is GD with eta = n mu omega to first order in
+    omega; linear attention with n_train = n is that GD step exactly."""
     n, d = 50, 4
-    t = SoftmaxRegression(d=d, n=n).draw(4, 3, torch.Generator().manual_seed(2))
-    layer = _member(d, 0, torch.float64)
-    WQ, WK, WV, WO = layer.model.weights
-    D = d + 1
+    task = SoftmaxRegression(d=d, n=n)
+    t = task.draw(4, 3, torch.Generator().manual_seed(2))
     omega, mu = 1e-4, 10.0
-    with torch.no_grad():
-        WQ[0] = torch.diag(torch.tensor([omega * math.sqrt(D)] * d + [0.0], dtype=torch.float64))
-        WK[0] = torch.eye(D, dtype=torch.float64)
-        WV.zero_()
-        WV[0, d, d] = 1.0
-        WO.zero_()
-        WO[0, 0, d] = mu
-    y_layer = layer.predict(t["A"], t["b"], t["Aq"])
-    y_gd, _ = sr.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
-    rel = ((y_layer - y_gd).abs().max() / y_gd.abs().max()).item()
-    assert rel < 1e-2
+    kq = torch.zeros(d + 1, d + 1, dtype=torch.float64)
+    kq[:d, :d] = omega * torch.eye(d, dtype=torch.float64)
+    ov = torch.zeros(d + 1, dtype=torch.float64)
+    ov[d] = mu
+    soft = sr.CircuitLayer(kq, ov, task)
+    assert soft.omega == pytest.approx(omega) and soft.mu == mu
+    assert soft.effective_step() == pytest.approx(n * mu * omega)
+    y_gd, s_gd = sr.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
+    y = soft.predict(t["A"], t["b"], t["Aq"])
+    assert ((y - y_gd).abs().max() / y_gd.abs().max()).item() < 1e-2
+    y_lin, s_lin = sr.CircuitLayer(kq, ov, task, kind="linear").predict(t["A"], t["b"], t["Aq"], True)
+    assert torch.allclose(y_lin, y_gd, rtol=1e-10, atol=1e-14) and torch.allclose(s_lin, s_gd, rtol=1e-10)
+
+
+def test_exact_solution_oracle_and_baselines():
+    task = SoftmaxRegression(d=4, n=12)
+    t = task.draw(5, 3, torch.Generator().manual_seed(3))
+    x = sr.exact_solution(t["A"], t["b"])
+    assert torch.allclose(x, t["x_star"], atol=1e-10)
+    y, s = sr.Oracle().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
+    assert torch.allclose(y, t["yq"], atol=1e-9) and s.shape == (5, 3, 4)
+    y0, s0 = sr.Uniform().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
+    assert (y0 == 0).all() and (s0 == 0).all()
+    tasks = sr.icl_tasks(task, eval_tasks=30, fit_tasks=30, queries=2)
+    cmp = sr.icl_comparison(tasks, {"oracle": sr.Oracle(), "uniform": sr.Uniform(), "gd": sr.GDStep(tasks["eta"])})
+    assert cmp["oracle"]["mse"] < 1e-15 and cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
+    assert cmp["uniform"]["cosine"] == 0.0 and cmp["gd"]["mse"] == pytest.approx(cmp["gd"]["mse"])
+    assert cmp["gd"]["rel_pred_diff"] == 0.0
+
+
+def test_escaped_counts_per_group():
+    val = [0.1, 0.6, 0.2, 0.9]
+    assert sr.escaped(val, 1.0) == {None: 2}
+    assert sr.escaped(val, 1.0, {"a": [0, 1], "b": [2, 3]}) == {"a": 1, "b": 1}
+
+
+def test_token_encodings_and_per_member_init_scale():
+    A = torch.randn(2, 5, 3, dtype=torch.float64)
+    b = torch.softmax(torch.randn(2, 5, dtype=torch.float64), -1)
+    assert torch.allclose(SoftmaxRegression(d=3, n=5).tokens(A, b)[..., -1], 5 * b - 1)
+    raw = SoftmaxRegression(d=3, n=5, encoding="raw", label_scale=5.0).tokens(A, b)
+    assert torch.allclose(raw[..., -1], 5 * b) and torch.equal(raw[..., :3], A)
+    with pytest.raises(ValueError, match="encoding"):
+        SoftmaxRegression(d=3, n=5, encoding="log")
+    one, both = _model(3, [7]), _model(3, [7, 7], init_scale=[1.0, 0.1])
+    w1, w01 = both.member_weights(0), both.member_weights(1)
+    assert torch.equal(w1["WQ"], one.member_weights(0)["WQ"]) and torch.allclose(w01["WQ"], 0.1 * w1["WQ"])
+    cfg = TrainConfig(model="softmax", task="softmax_regression", d=3, n=10, heads=(1, 1), init_seeds=(7, 7),
+                      model_params={"init_scale": (1.0, 0.1)}, steps=1, device="cpu")
+    assert torch.allclose(build_model(cfg).member_weights(1)["WK"], 0.1 * one.member_weights(0)["WK"], atol=1e-7)
+    with pytest.raises(ValueError, match="init_scale"):
+        _model(3, [1, 2], init_scale=[1.0])
+
 
 def test_von_oswald_metrics_identity():
     g = torch.Generator().manual_seed(0)
@@ -217,10 +277,17 @@ def test_train_through_engine_and_compare_tiny():
     assert train(cfg, progress=False).from_cache
     risks, best = select_best(run.model, task, num_prompts=50)
     assert risks.shape == (3,) and risks[best[None]] == risks.min()
-    cmp = sr.icl_comparison(task, sr.AttentionMember(run.model, best[None]), sr.AttentionMember(build_model(cfg), 0),
-                            eval_tasks=20, fit_tasks=20, queries=2)
-    assert cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
-    assert cmp["uniform"]["cosine"] == 0.0
-    for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine"):
+    tasks = sr.icl_tasks(task, eval_tasks=20, fit_tasks=20, queries=2)
+    cmp = sr.icl_comparison(tasks, {"layer": sr.CircuitLayer.from_model(run.model, best[None], task)})
+    for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine", "mse"):
         assert math.isfinite(cmp["layer"][k])
-    assert cmp["eta"] > 0
+    assert cmp["eta"] > 0 and len(cmp["scatter"]["layer"]) == 40
+
+
+def test_layer_config_members_scales_and_task():
+    cfg = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4, 5), init_scales=(1.0, 0.1), steps=3, batch=4,
+                          device="cpu", encoding="raw", label_scale=10.0)
+    assert cfg.heads == (1, 1) and cfg.init_seeds == (4, 5) and cfg.model_params == {"init_scale": (1.0, 0.1)}
+    assert cfg.task_params["encoding"] == "raw" and cfg.task_params["label_scale"] == 10.0
+    lin = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4,), model="linear", device="cpu")
+    assert lin.model == "linear" and lin.model_params == {}
