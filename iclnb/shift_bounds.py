@@ -37,7 +37,7 @@ from .softmax_regression import (
     step_inf_A,
     step_inf_x,
 )
-from .util import derive_seed, resolve_device
+from .util import check_choice, derive_seed, resolve_device
 
 LN10 = math.log(10.0)
 
@@ -261,7 +261,7 @@ def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Te
     ``kind="x"``: maximise ``||f(x + h u) - f(x)|| / ||h u||`` over ``||x|| <= R`` and the
     direction ``u``; ``kind="A"``: maximise ``||f(A + h U) - f(A)|| / ||h U||_2`` over ``x`` and
     the shift direction ``U``. The step length ``h`` is set so that the small-step quantity equals
-    ``step_inf`` (< 0.01, the seed's condition). If ``A`` (one n x d matrix) is given it is kept
+    ``step_inf`` (< 0.01, the paper's condition). If ``A`` (one n x d matrix) is given it is kept
     fixed; otherwise ``A`` is optimised too, within ``||A|| <= R`` (the worst case over the whole
     assumption class). ``restarts`` random starts run in one batch with Adam (torch autograd);
     constraints are enforced by a differentiable projection (rescaling) inside the objective.
@@ -269,8 +269,7 @@ def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Te
     Returns ``{"ratio": best, "ratios": per-restart (list), "bound": the tight constant at the
     best point, "A", "x"}``; ``bound`` is ``||A||/2`` (kind "x") or ``||x||/2`` (kind "A").
     """
-    if kind not in ("x", "A"):
-        raise ValueError(f"kind={kind!r}: use 'x' (weight shift) or 'A' (data shift)")
+    check_choice("kind", kind, ("x", "A"))  # weight shift, data shift
     dev = resolve_device(device)
     g = make_generator(seed, "adversarial_search")
     fixed = A is not None

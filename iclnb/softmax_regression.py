@@ -30,7 +30,7 @@ solution (:class:`Oracle`) and the uniform baseline (:class:`Uniform`), and
 
 A note on the paper's text. Section 5.1 writes the update as ``x_{t+1} = x_t + eta g(x_t)`` with
 ``g = dL/dx``: that is gradient *ascent*. Descent is ``x_{t+1} = x_t - eta g(x_t)``
-(:func:`gd_step`); :func:`seed_update` keeps the printed sign so that the chapter can show what it
+(:func:`gd_step`); :func:`printed_update` keeps the printed sign so that the chapter can show what it
 does. The bounds of Theorems 8.1/8.2 do not depend on the sign.
 """
 
@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 
 from .tasks import SoftmaxRegression
-from .util import derive_seed, resolve_device
+from .util import check, check_choice, check_int, check_real, generator, resolve_device
 
 SMALL_STEP = 0.01  # the paper's small-step condition: ||A (x_{t+1} - x_t)||_inf < 0.01
 
@@ -132,8 +132,8 @@ def gd_step(A: torch.Tensor, x: torch.Tensor, b: torch.Tensor, eta: float) -> to
     return x - eta * grad_loss(A, x, b)
 
 
-def seed_update(A: torch.Tensor, x: torch.Tensor, b: torch.Tensor, eta: float) -> torch.Tensor:
-    """The update as printed in Section 5.1 of the seed, ``x + eta * g(x)`` (gradient ascent)."""
+def printed_update(A: torch.Tensor, x: torch.Tensor, b: torch.Tensor, eta: float) -> torch.Tensor:
+    """The update as printed in Section 5.1 of the paper, ``x + eta * g(x)`` (gradient ascent)."""
     return x + eta * grad_loss(A, x, b)
 
 
@@ -167,11 +167,9 @@ def softmax_delta(z: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 
 # =========================================================================== instances
 def make_generator(seed: int | torch.Generator, *labels) -> torch.Generator:
-    """``seed`` itself if it is a ``torch.Generator``, else a CPU generator seeded with
-    ``derive_seed(seed, *labels)`` (each experiment names its own stream)."""
-    if isinstance(seed, torch.Generator):
-        return seed
-    return torch.Generator().manual_seed(derive_seed(int(seed), *labels))
+    """``seed`` itself if it is a ``torch.Generator``, else :func:`iclnb.util.generator` (seed,
+    *labels) on the CPU (each experiment names its own stream)."""
+    return seed if isinstance(seed, torch.Generator) else generator(int(seed), *labels)
 
 
 def spectral_norm(A: torch.Tensor) -> torch.Tensor:
@@ -186,12 +184,10 @@ def spectral_norm(A: torch.Tensor) -> torch.Tensor:
 
 
 def _check_sizes(n: int, d: int, R: float | None = None) -> None:
-    if int(n) < 2:
-        raise ValueError(f"n={n!r}: softmax regression needs n >= 2 rows")
-    if int(d) < 1:
-        raise ValueError(f"d={d!r}: the dimension must be >= 1")
-    if R is not None and not (R > 0 and math.isfinite(R)):
-        raise ValueError(f"R={R!r}: the norm bound must be a positive finite number")
+    check_int("n", n, 2)  # softmax regression needs at least two rows
+    check_int("d", d, 1)
+    if R is not None:
+        check_real("R", R, strict=True)
 
 
 def sample_A(batch: int, n: int, d: int, R: float, generator, device="cpu") -> torch.Tensor:
@@ -205,8 +201,7 @@ def sample_A(batch: int, n: int, d: int, R: float, generator, device="cpu") -> t
 
 def sample_x(batch: int, d: int, radius: float, generator, device="cpu", where: str = "ball") -> torch.Tensor:
     """Points uniform in the ball of radius ``radius`` (``where="ball"``) or on its sphere."""
-    if where not in ("ball", "sphere"):
-        raise ValueError(f"where={where!r}: use 'ball' or 'sphere'")
+    check_choice("where", where, ("ball", "sphere"))
     g = make_generator(generator)
     u = torch.randn(batch, d, generator=g, dtype=torch.float64)
     u = u / torch.linalg.vector_norm(u, dim=-1, keepdim=True)
@@ -220,6 +215,7 @@ def sample_x(batch: int, d: int, radius: float, generator, device="cpu", where: 
 def sample_b(batch: int, n: int, generator, kind: str = "dirichlet", device="cpu") -> torch.Tensor:
     """Targets: ``"dirichlet"`` (uniform on the probability simplex), ``"onehot"`` (a random
     vertex of it) or ``"gaussian"`` (N(0, I/n), not a probability vector)."""
+    check_choice("kind", kind, ("dirichlet", "onehot", "gaussian"))
     g = make_generator(generator)
     if kind == "dirichlet":
         e = -torch.log(torch.rand(batch, n, generator=g, dtype=torch.float64))
@@ -227,10 +223,8 @@ def sample_b(batch: int, n: int, generator, kind: str = "dirichlet", device="cpu
     elif kind == "onehot":
         idx = torch.randint(n, (batch,), generator=g)
         b = torch.nn.functional.one_hot(idx, n).to(torch.float64)
-    elif kind == "gaussian":
-        b = torch.randn(batch, n, generator=g, dtype=torch.float64) / math.sqrt(n)
     else:
-        raise ValueError(f"kind={kind!r}: use 'dirichlet', 'onehot' or 'gaussian'")
+        b = torch.randn(batch, n, generator=g, dtype=torch.float64) / math.sqrt(n)
     return b.to(resolve_device(device))
 
 
@@ -244,8 +238,7 @@ def sample_instances(batch: int, n: int, d: int, R: float, seed=0, *, x_where: s
     """
     g = make_generator(seed, "sample_instances")
     radius = R if x_radius is None else x_radius
-    if radius > R:
-        raise ValueError(f"x_radius={x_radius!r} exceeds R={R!r}: the assumption is ||x|| <= R")
+    check("x_radius", x_radius, radius <= R, f"at most R={R!r} (the assumption is ||x|| <= R)")
     A = sample_A(batch, n, d, R, g, device)
     x = sample_x(batch, d, radius, g, device, where=x_where)
     b = sample_b(batch, n, g, kind=b_kind, device=device)
@@ -254,7 +247,7 @@ def sample_instances(batch: int, n: int, d: int, R: float, seed=0, *, x_where: s
 
 # =========================================================================== ratios and conditions
 def step_inf_x(A: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """``||A dx||_inf`` (the seed's small-step quantity for a shift of x)."""
+    """``||A dx||_inf`` (the paper's small-step quantity for a shift of x)."""
     return logits(A, dx).abs().amax(-1)
 
 
@@ -304,8 +297,8 @@ def gd_trajectory(A: torch.Tensor, x0: torch.Tensor, b: torch.Tensor, eta: float
                   R: float | None = None, max_step_inf: float = SMALL_STEP / 2, sign: float = -1.0) -> dict:
     """Projected gradient descent with a small-step cap, batched over instances.
 
-    Each step: ``dx = sign * eta * grad L(x)`` (``sign=-1`` descent; ``+1`` is the seed's printed
-    update); if ``||A dx||_inf > max_step_inf`` the step is shrunk to meet it (so the seed's
+    Each step: ``dx = sign * eta * grad L(x)`` (``sign=-1`` descent; ``+1`` is the paper's printed
+    update); if ``||A dx||_inf > max_step_inf`` the step is shrunk to meet it (so the paper's
     condition ``< 0.01`` holds with margin); then ``x`` is projected back onto the ball of radius
     ``R`` (when given) so that ``||x_t|| <= R`` for every t. Returns ``{"x": (steps+1, B, d),
     "dx": (steps, B, d), "loss": (steps+1, B), "capped": (steps, B) bool}``; ``dx`` is the actual
@@ -369,11 +362,11 @@ def identity_check(ns: Sequence[int], d: int, Rs: Sequence[float], per_cell: int
 
 def sign_slip_demo(n: int, d: int, R: float, instances: int = 16, steps: int = 50, eta: float = 1.0,
                    seed: int = 0, device="cpu") -> dict:
-    """Mean loss along GD (``x - eta g``) and along the seed's printed update (``x + eta g``),
-    same instances, same step cap and projection. Returns ``{"descent": [...], "seed": [...]}``."""
+    """Mean loss along GD (``x - eta g``) and along the paper's printed update (``x + eta g``),
+    same instances, same step cap and projection. Returns ``{"descent": [...], "printed": [...]}``."""
     inst = sample_instances(instances, n, d, R, seed, device=device)
     out = {}
-    for name, sign in (("descent", -1.0), ("seed", +1.0)):
+    for name, sign in (("descent", -1.0), ("printed", +1.0)):
         t = gd_trajectory(inst["A"], inst["x"], inst["b"], eta, steps, R=R, sign=sign)
         out[name] = t["loss"].mean(-1).cpu().tolist()
     return out
@@ -401,8 +394,7 @@ class CircuitLayer:
     """
 
     def __init__(self, kq, ov, task: SoftmaxRegression, kind: str = "softmax", n_train: int | None = None):
-        if kind not in ("softmax", "linear"):
-            raise ValueError(f"kind={kind!r}: use 'softmax' or 'linear'")
+        check_choice("kind", kind, ("softmax", "linear"))
         self.kq = torch.as_tensor(kq, dtype=torch.float64)
         self.ov = torch.as_tensor(ov, dtype=torch.float64).reshape(-1)
         self.task, self.kind = task, kind

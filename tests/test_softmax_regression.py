@@ -51,14 +51,14 @@ def test_objects_consistent():
     big = sr.sample_instances(2, 7, 3, 100.0, 0, x_where="sphere")
     assert torch.isfinite(sr.log_alpha(big["A"], big["x"])).all()
 
-def test_gd_descends_and_seed_update_ascends():
+def test_gd_descends_and_printed_update_ascends():
     inst = _inst(batch=8, n=20, d=4, R=2.0, seed=4)
     A, x, b = inst["A"], inst["x"] / 4, inst["b"]
     l0 = sr.loss(A, x, b)
     assert (sr.loss(A, sr.gd_step(A, x, b, 0.05), b) < l0).all()
-    assert (sr.loss(A, sr.seed_update(A, x, b, 0.05), b) > l0).all()
+    assert (sr.loss(A, sr.printed_update(A, x, b, 0.05), b) > l0).all()
     demo = sr.sign_slip_demo(20, 4, 4.0, instances=4, steps=10)
-    assert demo["descent"][-1] < demo["descent"][0] < demo["seed"][-1]
+    assert demo["descent"][-1] < demo["descent"][0] < demo["printed"][-1]
 
 def test_softmax_delta_matches_naive_when_not_saturated():
     g = torch.Generator().manual_seed(0)
