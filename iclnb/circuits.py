@@ -41,6 +41,7 @@ __all__ = [
     "classify_heads",
     "effective_gd_step",
     "linearized_step",
+    "group_params",
     "circuit_predict",
     "HEAD_CLASSES",
 ]
@@ -195,6 +196,25 @@ def linearized_step(omega, mu) -> float:
     return float(np.sum(omega * mu))
 
 
+def group_params(omega, mu, classes: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """The positive and negative groups as one head each: ``{group: (scale, weight)}`` with
+    weight ``m = sum_{h in group} |mu_h|`` and scale the mu-weighted mean
+    ``w = sum |omega_h mu_h| / m``, so that ``2 w m`` is the group's share
+    ``2 sum |omega_h mu_h|`` of the effective step. With one homogeneous scale per group this is
+    the (omega, mu) of the paper's solution manifold (4.7). A group with no head is absent.
+    """
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    if len(classes) != omega.size or mu.shape != omega.shape:
+        raise ValueError(f"{len(classes)} classes, {omega.size} omegas and {mu.size} mus")
+    out = {}
+    for g in ("positive", "negative"):
+        idx = [h for h, c in enumerate(classes) if c == g]
+        if idx:
+            m = float(np.abs(mu[idx]).sum())
+            out[g] = (float(np.abs(omega[idx] * mu[idx]).sum()) / m if m > 0 else 0.0, m)
+    return out
+
+
 def circuit_predict(kq_, ov_, X, y, xq):
     """Exact prediction of the attention layer from its circuits (no approximation).
 
@@ -223,7 +243,8 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
       ``classes``, ``omega``, ``mu``   per head
       ``sum_mu``, ``mu_balance``       sum_h mu_h and |sum_h mu_h| / sum_h |mu_h|
       ``effective_step`` 2 sum_{positive} omega_h mu_h;  ``linearized_step`` sum_h omega_h mu_h
-      ``min_diag_ratio``, ``max_diag_homogeneity``, ``min_ov_last_ratio``, ``all_sign_match``:
+      ``min_diag_ratio``, ``max_diag_homogeneity``, ``min_ov_last_ratio``, ``all_sign_match``,
+      ``max_last_row_ratio``, ``omega_spread`` (max / min |omega_h|):
                          over the non-dummy heads (dummy heads are excluded, as in the paper)
       ``n_positive``, ``n_negative``, ``n_dummy``
     """
@@ -247,6 +268,9 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "min_diag_ratio": min((r["diag_ratio"] for r in live), default=float("nan")),
         "max_diag_homogeneity": max((r["diag_homogeneity"] for r in live), default=float("nan")),
         "min_ov_last_ratio": min((r["ov_last_ratio"] for r in live), default=float("nan")),
+        "max_last_row_ratio": max((r["last_row_ratio"] for r in live), default=float("nan")),
+        "omega_spread": (max(abs(r["omega"]) for r in live) / min(abs(r["omega"]) for r in live)
+                         if live and min(abs(r["omega"]) for r in live) > 0 else float("nan")),
         "all_sign_match": all(r["sign_match"] for r in live),
         "n_positive": classes.count("positive"),
         "n_negative": classes.count("negative"),
