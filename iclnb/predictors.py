@@ -104,13 +104,13 @@ def debiased_gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
 def gd_at(eta: float) -> Callable:
     """Vanilla GD with the step ``eta`` fixed at every context length: ``predict(X, y, xq)``
     (a trained model cannot re-tune its step to the test length; this is GD that cannot either)."""
-    check_real("eta", eta)
+    check_real("eta", eta, minimum=-math.inf)
     return lambda X, y, xq: gd_predict(X, y, xq, float(eta))
 
 
 def debiased_gd_at(eta: float) -> Callable:
     """Debiased GD with the step ``eta`` fixed at every context length: ``predict(X, y, xq)``."""
-    check_real("eta", eta)
+    check_real("eta", eta, minimum=-math.inf)
     return lambda X, y, xq: debiased_gd_predict(X, y, xq, float(eta))
 
 
