@@ -39,6 +39,7 @@ __all__ = [
     "gd_at",
     "debiased_gd_at",
     "linearized_kernel_predict",
+    "kernel_and_baselines",
     "length_normalized",
     "relative_mse",
     "ridge_lambda",
@@ -163,6 +164,16 @@ def linearized_kernel_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor
     if om.shape != m.shape:
         raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return m.sum() * y.mean(-1) + debiased_gd_predict(X, y, xq, 1.0) * (om * m).sum()
+
+
+def kernel_and_baselines(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu, step: float) -> dict:
+    """Predictions (B,) of the sum of kernels at (omega, mu) and of what could pass for it: its
+    first-order expansion, and debiased and vanilla GD at the fixed ``step`` (the model's own).
+    Keys: "kernel sum", "its expansion", "debiased GD, own step", "vanilla GD, own step"."""
+    return {"kernel sum": kernel_sum_predict(X, y, xq, omega, mu),
+            "its expansion": linearized_kernel_predict(X, y, xq, omega, mu),
+            "debiased GD, own step": debiased_gd_at(step)(X, y, xq),
+            "vanilla GD, own step": gd_at(step)(X, y, xq)}
 
 
 def nw_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega: float, mu: float) -> torch.Tensor:

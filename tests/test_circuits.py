@@ -204,3 +204,17 @@ def test_group_params_spread_and_last_row_of_a_four_head_pattern():
     assert C.group_params([0.1], [1.0], ["dummy"]) == {}
     with pytest.raises(ValueError):
         C.group_params([0.1, 0.2], [1.0], ["positive", "negative"])
+
+
+def test_pattern_ok_pair_state_and_gd_step():
+    d = 5
+    for omega, mu, state in (([0.13, -0.13], [3.4, -3.4], "pair"), ([0.5, 0.55], [1.0, 0.5], "same-sign"),
+                             ([0.5, 1e-4], [1.0, 1e-3], "other")):
+        w, K, V = pattern_model(omega, mu, d)
+        assert C.pair_state(C.kq(w), C.ov(w)) == state
+        s = C.summarize(w)
+        assert C.pattern_ok(s)
+        step = 2 * 0.13 * 3.4 if state == "pair" else float(np.dot(omega, mu))
+        assert s["gd_step"] == pytest.approx(step)
+    V[0, 0] = 1.0  # the live head reads a covariate too: OV ratio 1/sqrt(2)
+    assert not C.pattern_ok(C.summarize(build_model(K, V)))

@@ -215,3 +215,11 @@ def test_relative_mse_and_paired_risk_differences():
     assert np.all(curve["gd-dgd_se"] < 0.5 * curve["gd_se"])
     with pytest.raises(ValueError, match="pairs"):
         P.risk_curve({"gd": P.gd_at(eta)}, [10], task, num_prompts=10, pairs=[("gd", "nope")])
+
+
+def test_kernel_and_baselines_are_the_named_predictors(prompts):
+    X, y, xq = prompts.X[:500], prompts.y[:500], prompts.xq[:500]
+    out = P.kernel_and_baselines(X, y, xq, [0.1, -0.1], [4.0, -4.0], 0.8)
+    assert torch.equal(out["kernel sum"], P.kernel_sum_predict(X, y, xq, [0.1, -0.1], [4.0, -4.0]))
+    assert torch.allclose(out["its expansion"], out["debiased GD, own step"], atol=1e-12)
+    assert torch.equal(out["vanilla GD, own step"], P.gd_predict(X, y, xq, 0.8))
