@@ -41,6 +41,9 @@ __all__ = [
     "classify_heads",
     "effective_gd_step",
     "linearized_step",
+    "group_params",
+    "pattern_ok",
+    "pair_state",
     "circuit_predict",
     "HEAD_CLASSES",
 ]
@@ -195,6 +198,41 @@ def linearized_step(omega, mu) -> float:
     return float(np.sum(omega * mu))
 
 
+def group_params(omega, mu, classes: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """The positive and negative groups as one head each: ``{group: (scale, weight)}`` with
+    weight ``m = sum_{h in group} |mu_h|`` and scale the mu-weighted mean
+    ``w = sum |omega_h mu_h| / m``, so that ``2 w m`` is the group's share
+    ``2 sum |omega_h mu_h|`` of the effective step. With one homogeneous scale per group this is
+    the (omega, mu) of the paper's solution manifold (4.7). A group with no head is absent.
+    """
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    if len(classes) != omega.size or mu.shape != omega.shape:
+        raise ValueError(f"{len(classes)} classes, {omega.size} omegas and {mu.size} mus")
+    out = {}
+    for g in ("positive", "negative"):
+        idx = [h for h, c in enumerate(classes) if c == g]
+        if idx:
+            m = float(np.abs(mu[idx]).sum())
+            out[g] = (float(np.abs(omega[idx] * mu[idx]).sum()) / m if m > 0 else 0.0, m)
+    return out
+
+
+def pattern_ok(summary: Mapping, diag_min: float = 0.98, ov_min: float = 0.99) -> bool:
+    """Both per-head thresholds of Observation 1 on a :func:`summarize` result: every live head
+    has diag ratio >= ``diag_min`` and OV last-entry ratio >= ``ov_min`` (the thresholds are the
+    chapter's; the paper states the pattern in words)."""
+    return bool(summary["min_diag_ratio"] >= diag_min and summary["min_ov_last_ratio"] >= ov_min)
+
+
+def pair_state(kq_, ov_, dummy_frac: float = 0.05) -> str:
+    """"pair" when the model has a positive and a negative head, "same-sign" when every head is
+    live and all have one sign (e.g. two heads splitting one wide kernel), else "other"."""
+    s = summarize_circuits(kq_, ov_, dummy_frac=dummy_frac)
+    if s["n_positive"] and s["n_negative"]:
+        return "pair"
+    return "same-sign" if s["n_dummy"] == 0 else "other"
+
+
 def circuit_predict(kq_, ov_, X, y, xq):
     """Exact prediction of the attention layer from its circuits (no approximation).
 
@@ -223,7 +261,9 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
       ``classes``, ``omega``, ``mu``   per head
       ``sum_mu``, ``mu_balance``       sum_h mu_h and |sum_h mu_h| / sum_h |mu_h|
       ``effective_step`` 2 sum_{positive} omega_h mu_h;  ``linearized_step`` sum_h omega_h mu_h
-      ``min_diag_ratio``, ``max_diag_homogeneity``, ``min_ov_last_ratio``, ``all_sign_match``:
+      ``gd_step``        ``effective_step`` with a +- pair, else ``linearized_step``
+      ``min_diag_ratio``, ``max_diag_homogeneity``, ``min_ov_last_ratio``, ``all_sign_match``,
+      ``max_last_row_ratio``, ``omega_spread`` (max / min |omega_h|):
                          over the non-dummy heads (dummy heads are excluded, as in the paper)
       ``n_positive``, ``n_negative``, ``n_dummy``
     """
@@ -244,9 +284,15 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "mu_balance": abs(float(mu.sum())) / abs_mu if abs_mu > 0 else float("nan"),
         "effective_step": effective_gd_step(omega, mu, classes),
         "linearized_step": linearized_step(omega, mu),
+        # the step of the model's GD expansion: the pair's step, or sum_h omega_h mu_h without a pair
+        "gd_step": (effective_gd_step(omega, mu, classes) if "positive" in classes and "negative" in classes
+                    else linearized_step(omega, mu)),
         "min_diag_ratio": min((r["diag_ratio"] for r in live), default=float("nan")),
         "max_diag_homogeneity": max((r["diag_homogeneity"] for r in live), default=float("nan")),
         "min_ov_last_ratio": min((r["ov_last_ratio"] for r in live), default=float("nan")),
+        "max_last_row_ratio": max((r["last_row_ratio"] for r in live), default=float("nan")),
+        "omega_spread": (max(abs(r["omega"]) for r in live) / min(abs(r["omega"]) for r in live)
+                         if live and min(abs(r["omega"]) for r in live) > 0 else float("nan")),
         "all_sign_match": all(r["sign_match"] for r in live),
         "n_positive": classes.count("positive"),
         "n_negative": classes.count("negative"),

@@ -36,6 +36,12 @@ __all__ = [
     "debiased_gd_predict",
     "debiased_gd_optimal_step",
     "debiased_gd_risk",
+    "gd_at",
+    "debiased_gd_at",
+    "linearized_kernel_predict",
+    "kernel_and_baselines",
+    "length_normalized",
+    "relative_mse",
     "ridge_lambda",
     "ridge_predict",
     "kernel_sum_predict",
@@ -96,6 +102,19 @@ def debiased_gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
     return 1.0 + sigma2 - 2.0 * eta * (n - 1) / n + eta**2 * (n - 1) * (n + d + sigma2 * d) / n**2
 
 
+def gd_at(eta: float) -> Callable:
+    """Vanilla GD with the step ``eta`` fixed at every context length: ``predict(X, y, xq)``
+    (a trained model cannot re-tune its step to the test length; this is GD that cannot either)."""
+    check_real("eta", eta, minimum=-math.inf)
+    return lambda X, y, xq: gd_predict(X, y, xq, float(eta))
+
+
+def debiased_gd_at(eta: float) -> Callable:
+    """Debiased GD with the step ``eta`` fixed at every context length: ``predict(X, y, xq)``."""
+    check_real("eta", eta, minimum=-math.inf)
+    return lambda X, y, xq: debiased_gd_predict(X, y, xq, float(eta))
+
+
 # --------------------------------------------------------------------------- ridge
 def ridge_lambda(d: int, sigma2: float) -> float:
     """Bayes-optimal ridge penalty sigma2 * d for the prior beta ~ N(0, I/d)."""
@@ -132,6 +151,29 @@ def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega
     s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
     att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
     return torch.einsum("h,bhn,bn->b", m, att, y)
+
+
+def linearized_kernel_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
+    """First-order expansion in omega of :func:`kernel_sum_predict` (paper eq. 4.10, any H):
+    (sum_h mu_h) y_bar + ((sum_h omega_h mu_h) / n) sum_i y_i (x_i - x_bar)^T x_q.
+
+    For a balanced +- pair (sum_h mu_h = 0) this is debiased GD with step sum_h omega_h mu_h
+    = 2 omega mu; for one head it keeps the mean term mu y_bar.
+    """
+    om, m = _vec(omega, X), _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    return m.sum() * y.mean(-1) + debiased_gd_predict(X, y, xq, 1.0) * (om * m).sum()
+
+
+def kernel_and_baselines(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu, step: float) -> dict:
+    """Predictions (B,) of the sum of kernels at (omega, mu) and of what could pass for it: its
+    first-order expansion, and debiased and vanilla GD at the fixed ``step`` (the model's own).
+    Keys: "kernel sum", "its expansion", "debiased GD, own step", "vanilla GD, own step"."""
+    return {"kernel sum": kernel_sum_predict(X, y, xq, omega, mu),
+            "its expansion": linearized_kernel_predict(X, y, xq, omega, mu),
+            "debiased GD, own step": debiased_gd_at(step)(X, y, xq),
+            "vanilla GD, own step": gd_at(step)(X, y, xq)}
 
 
 def nw_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega: float, mu: float) -> torch.Tensor:
@@ -225,6 +267,15 @@ def mc_risk(
     return _finish(errs, return_se)
 
 
+def relative_mse(pred: torch.Tensor, ref: torch.Tensor) -> np.ndarray | float:
+    """E(pred - ref)^2 / E ref^2 over the last (prompt) axis: how far one predictor is from another
+    on the same prompts (float, or numpy over leading axes, e.g. (K,) for an ensemble)."""
+    num = ((pred - ref) ** 2).mean(-1)
+    den = (ref**2).mean(-1)
+    out = (num / den).to("cpu", torch.float64).numpy()
+    return float(out) if out.ndim == 0 else out
+
+
 class ByLength:
     """Wraps ``f(n) -> predict`` so :func:`risk_curve` builds the predictor for each length."""
 
@@ -233,6 +284,13 @@ class ByLength:
 
     def __call__(self, n: int) -> Callable:
         return self.factory(n)
+
+
+def length_normalized(predict: Callable, n_train: int) -> ByLength:
+    """A predictor normalised by 1/n_train (e.g. ``iclnb.models`` linear attention) renormalised
+    to 1/m at test length m: ``predict(X, y, xq) * n_train / m``, for :func:`risk_curve`."""
+    check_int("n_train", n_train, 1)
+    return ByLength(lambda m: (lambda X, y, xq: predict(X, y, xq) * (n_train / m)))
 
 
 def risk_curve(
@@ -244,6 +302,7 @@ def risk_curve(
     device="cpu",
     dtype=torch.float32,
     chunk: int | None = None,
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict:
     """Risk of several predictors against the test context length, on common prompts.
 
@@ -253,12 +312,19 @@ def risk_curve(
     ``task.with_n(m)`` (drawn from ``derive_seed(seed, "risk_curve", m)``) feed every predictor,
     so differences between predictors carry little Monte Carlo noise. Returns
     ``{"n": lengths, name: risks, name + "_se": standard errors}`` with risks of shape (L,) or (L, K).
+
+    ``pairs`` of names (a, b) add the paired difference risk(a) - risk(b) on the same prompts
+    under ``"a-b"`` and its standard error (of the per-prompt differences of squared errors)
+    under ``"a-b_se"``, far smaller than either risk's own error when a and b predict alike.
     """
     check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
     lengths = [int(n) for n in lengths]
     names = list(predictors)
-    risks = {k: [] for k in names}
-    ses = {k: [] for k in names}
+    for a, b in pairs:
+        check("pairs", (a, b), a in predictors and b in predictors, f"pairs of names among {names}")
+    keys = names + [f"{a}-{b}" for a, b in pairs]
+    risks = {k: [] for k in keys}
+    ses = {k: [] for k in keys}
     for n in lengths:
         t = task.with_n(n)
         g = generator(seed, "risk_curve", n, device=device)
@@ -268,12 +334,14 @@ def risk_curve(
             for p in _batches(t, None, num_prompts, _chunk(chunk, n), g, device, dtype):
                 for k in names:
                     errs[k].append(_sq_err(fns[k](p.X, p.y, p.xq), p.yq))
-        for k in names:
+        for a, b in pairs:
+            errs[f"{a}-{b}"] = [ea - eb for ea, eb in zip(errs[a], errs[b])]
+        for k in keys:
             r, se = _finish(errs[k], True)
             risks[k].append(r)
             ses[k].append(se)
     out = {"n": np.asarray(lengths)}
-    for k in names:
+    for k in keys:
         out[k] = np.asarray(risks[k])
         out[k + "_se"] = np.asarray(ses[k])
     return out

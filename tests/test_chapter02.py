@@ -9,4 +9,4 @@ def test_chapter02_smoke(smoke_run):
     assert data["enforced"] is False
     kinds = {c["id"]: c["kind"] for c in data["claims"]}
     assert {"kernel-rebuild", "linear-length", "softmax-length", "zero-sum-ov", "h2-diag-ratio"} <= set(kinds)
-    assert kinds["h8-diag-ratio"] == kinds["h8-ov-last"] == "finding" and kinds["h4-diag-ratio"] == "check"
+    assert kinds["h8-diag-ratio"] == kinds["h8-ov-last"] == "finding" and kinds["h2-diag-ratio"] == "check"

@@ -184,3 +184,37 @@ def test_plot_circuits_draws_every_head():
     visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
     assert len(visible) == 2 * 5  # a KQ and an OV panel per head
     plt.close(fig)
+
+
+def test_group_params_spread_and_last_row_of_a_four_head_pattern():
+    d = 5
+    omega, mu = [0.12, -0.1, -0.14, 1e-4], [3.0, -1.0, -2.0, 1e-3]
+    w, K, V = pattern_model(omega, mu, d)
+    K[0, d, :d] = 0.03  # head 1's label key scores a little: last-row ratio 0.03 sqrt(d) / ||KQ[:, :d]||
+    s = C.summarize(build_model(K, V))
+    assert s["classes"] == ["positive", "negative", "negative", "dummy"]
+    assert s["omega_spread"] == pytest.approx(0.14 / 0.1)
+    expect = 0.03 * np.sqrt(d) / np.sqrt(d * 0.12**2 + d * 0.03**2)
+    assert s["max_last_row_ratio"] == pytest.approx(expect)
+    g = C.group_params(s["omega"], s["mu"], s["classes"])
+    assert g["positive"] == pytest.approx((0.12, 3.0))
+    assert g["negative"] == pytest.approx(((0.1 * 1 + 0.14 * 2) / 3, 3.0))
+    # 2 w m of the groups add up to the effective step and its negative-group twin
+    assert 2 * g["positive"][0] * g["positive"][1] == pytest.approx(s["effective_step"])
+    assert C.group_params([0.1], [1.0], ["dummy"]) == {}
+    with pytest.raises(ValueError):
+        C.group_params([0.1, 0.2], [1.0], ["positive", "negative"])
+
+
+def test_pattern_ok_pair_state_and_gd_step():
+    d = 5
+    for omega, mu, state in (([0.13, -0.13], [3.4, -3.4], "pair"), ([0.5, 0.55], [1.0, 0.5], "same-sign"),
+                             ([0.5, 1e-4], [1.0, 1e-3], "other")):
+        w, K, V = pattern_model(omega, mu, d)
+        assert C.pair_state(C.kq(w), C.ov(w)) == state
+        s = C.summarize(w)
+        assert C.pattern_ok(s)
+        step = 2 * 0.13 * 3.4 if state == "pair" else float(np.dot(omega, mu))
+        assert s["gd_step"] == pytest.approx(step)
+    V[0, 0] = 1.0  # the live head reads a covariate too: OV ratio 1/sqrt(2)
+    assert not C.pattern_ok(C.summarize(build_model(K, V)))
