@@ -30,6 +30,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from .util import check, is_real
+
 __all__ = [
     "kq",
     "ov",
@@ -159,8 +161,7 @@ def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
     The rule is scale free, so it works the same on hand-built models (e.g. omega = (0.13,
     -0.13, 0)) and on trained ones; a single-head model is never dummy unless its c is 0.
     """
-    if not 0 <= dummy_frac < 1:
-        raise ValueError(f"dummy_frac={dummy_frac!r} must lie in [0, 1)")
+    check("dummy_frac", dummy_frac, is_real(dummy_frac) and 0 <= dummy_frac < 1, "a number in [0, 1)")
     omega, mu = _np(omega).ravel(), _np(mu).ravel()
     if omega.shape != mu.shape:
         raise ValueError(f"omega {omega.shape} and mu {mu.shape} must have the same shape")

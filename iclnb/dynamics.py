@@ -30,7 +30,7 @@ from scipy.optimize import brentq
 
 from .circuits import classify_heads
 from .tasks import LinearRegression
-from .util import check, check_int, check_real
+from .util import check, check_int, check_real, check_regression
 
 __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
@@ -41,9 +41,7 @@ __all__ = [
 
 # ------------------------------------------------------------------------------------ the loss
 def _params(n, d, sigma2) -> float:
-    check_int("n", n, 1)
-    check_int("d", d, 1)
-    check_real("sigma2", sigma2)
+    check_regression(n, d, sigma2)
     return (1.0 + sigma2) / n
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .tasks import Task
-from .util import check, check_int, check_real, generator
+from .util import check, check_int, check_real, check_regression, generator
 
 __all__ = [
     "gd_predict",
@@ -54,12 +54,6 @@ __all__ = [
 ]
 
 
-def _check(n: int, d: int, sigma2: float) -> None:
-    check_int("n", n, 1)
-    check_int("d", d, 1)
-    check_real("sigma2", sigma2)
-
-
 # --------------------------------------------------------------------------- vanilla GD
 def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
     """One GD step from 0 on the least-squares loss: (eta/n) sum_i y_i x_i^T x_q."""
@@ -69,13 +63,13 @@ def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -
 
 def gd_optimal_step(n: int, d: int, sigma2: float) -> float:
     """eta* = 1 / (1 + (d+1)/n + sigma2 d/n), the exact finite-n minimiser of :func:`gd_risk`."""
-    _check(n, d, sigma2)
+    check_regression(n, d, sigma2)
     return 1.0 / (1.0 + (d + 1) / n + sigma2 * d / n)
 
 
 def gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
     """Exact risk of :func:`gd_predict` (noisy target): 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)."""
-    _check(n, d, sigma2)
+    check_regression(n, d, sigma2)
     return 1.0 + sigma2 - 2.0 * eta + eta**2 * (1.0 + (d + 1) / n + sigma2 * d / n)
 
 
@@ -89,16 +83,14 @@ def debiased_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta:
 
 def debiased_gd_optimal_step(n: int, d: int, sigma2: float) -> float:
     """eta* = n / (n + d + sigma2 d), the exact minimiser of :func:`debiased_gd_risk` (n >= 2)."""
-    _check(n, d, sigma2)
-    if n < 2:
-        raise ValueError(f"n={n!r}: debiased GD needs at least 2 context examples")
+    check_regression(n, d, sigma2, n_min=2)  # debiased GD needs at least 2 context examples
     return n / (n + d + sigma2 * d)
 
 
 def debiased_gd_risk(eta: float, n: int, d: int, sigma2: float) -> float:
     """Exact risk of :func:`debiased_gd_predict`:
     1 + s2 - 2 eta (n-1)/n + eta^2 (n-1)(n + d + s2 d)/n^2 (noisy target)."""
-    _check(n, d, sigma2)
+    check_regression(n, d, sigma2)
     return 1.0 + sigma2 - 2.0 * eta * (n - 1) / n + eta**2 * (n - 1) * (n + d + sigma2 * d) / n**2
 
 
@@ -118,7 +110,7 @@ def debiased_gd_at(eta: float) -> Callable:
 # --------------------------------------------------------------------------- ridge
 def ridge_lambda(d: int, sigma2: float) -> float:
     """Bayes-optimal ridge penalty sigma2 * d for the prior beta ~ N(0, I/d)."""
-    _check(1, d, sigma2)
+    check_regression(1, d, sigma2)
     return sigma2 * d
 
 
@@ -184,7 +176,7 @@ def nw_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega: float,
 def nw_reference_params(n: int, d: int, sigma2: float) -> tuple[float, float]:
     """(omega, mu) of the single-head optimum of Chen et al. (2024):
     omega = 1/sqrt(d), mu = sqrt(d) / (1 + (1 + sigma2)(d/n) e)."""
-    _check(n, d, sigma2)
+    check_regression(n, d, sigma2)
     return 1.0 / math.sqrt(d), math.sqrt(d) / (1.0 + (1.0 + sigma2) * (d / n) * math.e)
 
 

@@ -49,6 +49,14 @@ def check_real(name, value, minimum: float = 0.0, strict: bool = False, maximum:
     check(name, value, ok, allowed)
 
 
+def check_regression(n, d, sigma2, n_min: int = 1) -> None:
+    """The setting of in-context linear regression: ``n`` context examples (at least ``n_min``),
+    dimension ``d`` and noise variance ``sigma2`` (chapters 2 and 3's closed forms)."""
+    check_int("n", n, n_min)
+    check_int("d", d, 1)
+    check_real("sigma2", sigma2)
+
+
 def check_choice(name, value, choices) -> None:
     check(name, value, value in choices, f"one of {sorted(choices)}")
 
