@@ -202,6 +202,24 @@ def claims_path(output: Path) -> Path:
     return output.with_suffix(".claims.json")
 
 
+_REPR = re.compile(r"^(np|numpy|torch)\.\w+\(|^tensor\(|^array\(")
+
+
+def unformattable_glue(notebook: Path) -> str:
+    """"" or an error naming the glued values that the book cannot format: a numpy or torch
+    scalar's repr (``np.float64(4.08)``) is not a number to myst-nb's ``{glue:text}`name:.1f```
+    (the build fails on it with a warning) and shows as that repr without a format. Glue
+    ``float(x)`` or ``int(x)``."""
+    bad = []
+    for cell in json.loads(Path(notebook).read_text()).get("cells", []):
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = "".join(out.get("data", {}).get("application/papermill.record/text/plain", ""))
+            if name and _REPR.match(text):
+                bad.append(f"{name} = {text}")
+    return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
+
+
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
                 smoke: bool = False, log=print, preset: str | None = None) -> Result:
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
@@ -245,6 +263,8 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     claims = json.loads(cpath.read_text()) if cpath.exists() else {}
     if error and claims.get("failed") and claims.get("enforced"):
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
+    if not error and output.exists():
+        error = unformattable_glue(output)
     return Result(chapter, output, params, seconds, error, claims, preset)
 
 

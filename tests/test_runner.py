@@ -26,7 +26,7 @@ iclnb:
 ```{code-cell} ipython3
 :tags: [parameters]
 n = 10  # a count
-fail_at = ""  # "cell" to raise in a cell
+fail_at = ""  # "cell" to raise in a cell, "glue" to glue a numpy scalar
 seed = 0  # random seed
 device = "auto"  # device
 enforce_claims = True  # raise when a claim fails
@@ -37,6 +37,9 @@ from iclnb.claims import Claims
 claims = Claims("98_synthetic", enforce=enforce_claims)
 if fail_at == "cell":
     raise RuntimeError("boom")
+import numpy as np
+from myst_nb import glue
+glue("n_half", np.float64(n / 2) if fail_at == "glue" else n / 2, display=False)
 claims.check("n-min", "n is at least 5", n, ">=", 5)
 ```
 
@@ -88,6 +91,14 @@ def test_failing_cell_is_reported_and_partial_notebook_kept(chapter, tmp_path):
     r = run(chapter, tmp_path, {"fail_at": "cell"})
     assert not r.ok and "RuntimeError: boom" in r.error and "cell" in r.error
     assert r.output.exists() and not runner.claims_path(r.output).exists()
+
+
+def test_numpy_scalar_glue_is_an_error(chapter, tmp_path):
+    """A glued numpy scalar fails the book build later (myst-nb cannot format 'np.float64(5.0)'):
+    the runner reports it at once, naming the glued value."""
+    assert not run(chapter, tmp_path).error
+    r = run(chapter, tmp_path, {"fail_at": "glue"})
+    assert "n_half = np.float64(5.0)" in r.error and not r.ok
 
 
 def test_reproducibility_page(chapter, tmp_path, monkeypatch):
