@@ -82,8 +82,12 @@ def approx_loss_grad(omega, mu, n: int, d: int, sigma2: float):
     dL/dmu_h    = -2 omega_h + 2 omega_h (omega^T mu) + 2 c sum_j exp(d omega_h omega_j) mu_j
     dL/domega_h = -2 mu_h + 2 mu_h (mu^T omega) + 2 c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
     """
-    c = _params(n, d, sigma2)
     w, m = _pair(omega, mu)
+    return _grad(w, m, _params(n, d, sigma2), d)
+
+
+def _grad(w, m, c: float, d: int):
+    """:func:`approx_loss_grad` on checked arrays, with c = (1 + sigma2) / n (the ODE's hot path)."""
     E = np.exp(d * w[..., :, None] * w[..., None, :])
     wm = (w * m).sum(-1, keepdims=True)
     g_mu = -2 * w + 2 * w * wm + 2 * c * np.einsum("...ij,...j->...i", E, m)
@@ -219,15 +223,15 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     (default ``num`` equally spaced times from 0 to t_end) and kept continuous in
     ``Trajectory.dense``. Raises RuntimeError when the solver fails.
     """
-    _params(n, d, sigma2)
+    c = _params(n, d, sigma2)
     w0, m0 = _pair(omega0, mu0)
     check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
     check_real("t_end", t_end, strict=True)
     check_int("num", num, 2)
     H = w0.size
 
-    def rhs(_t, y):
-        return np.concatenate(flow_rhs(y[:H], y[H:], n, d, sigma2))
+    def rhs(_t, y):  # flow_rhs, checked once above
+        return -0.5 * np.concatenate(_grad(y[:H], y[H:], c, d))
 
     t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
     sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,

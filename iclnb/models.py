@@ -170,6 +170,7 @@ class _Attention(Ensemble):
 
     score_unit: ClassVar[float] = 1.0
     centred: ClassVar[bool] = True
+    init_scales = None  # per-member factors on the default init (a subclass may set them), None: 1
 
     def layout(self):
         M, D, T = self.M, self.D, self.T
@@ -185,7 +186,7 @@ class _Attention(Ensemble):
         qkv = u[:, : 3 * D * D].view(H, 3, D, D) / math.sqrt(D)
         views["WQ"][sl], views["WK"][sl], views["WV"][sl] = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         views["WO"][sl] = u[:, 3 * D * D :].view(H, T, D) / math.sqrt(H * D)
-        scale = self.init_scales[k] if hasattr(self, "init_scales") else 1.0
+        scale = 1.0 if self.init_scales is None else self.init_scales[k]
         if scale != 1.0:
             for name in ("WQ", "WK", "WV", "WO"):
                 views[name][sl] *= scale

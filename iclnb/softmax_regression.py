@@ -589,12 +589,18 @@ def layer_config(d: int, n: int, lr: float, init_seeds, init_scales=None, steps:
                        batch=batch, lr=lr, seed=seed, log_every=log_every, device=device)
 
 
+def left_plateau(val_mse, val_uniform: float) -> list[bool]:
+    """Per member: did it leave the plateau, i.e. is its validation MSE below half the uniform
+    baseline's?"""
+    return [float(v) < 0.5 * val_uniform for v in val_mse]
+
+
 def escaped(val_mse, val_uniform: float, groups: dict | None = None) -> dict:
-    """Initialisations that left the plateau: validation MSE below half the uniform baseline's.
-    Returns ``{label: count}`` per group of member indices (default: all in one group, None)."""
-    val = [float(v) for v in val_mse]
-    groups = {None: range(len(val))} if groups is None else groups
-    return {g: int(sum(val[k] < 0.5 * val_uniform for k in ks)) for g, ks in groups.items()}
+    """How many members left the plateau (:func:`left_plateau`), ``{label: count}`` per group of
+    member indices (default: all in one group, None)."""
+    ok = left_plateau(val_mse, val_uniform)
+    groups = {None: range(len(ok))} if groups is None else groups
+    return {g: int(sum(ok[k] for k in ks)) for g, ks in groups.items()}
 
 
 def layer_trajectory(history, k: int, tasks: dict, task: SoftmaxRegression, every: int = 1,
