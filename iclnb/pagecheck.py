@@ -46,6 +46,20 @@ PATTERNS = {
     "raw TeX": re.compile(r"\\\(|\\\[|\$\$|\\begin\{"),
 }
 
+# The first figure and the first table of a page, for the screenshots (READ_PAGE tells whether
+# they exist).
+SELECTORS = {"figure": ".cell_output img, figure img", "table": ".cell_output table, article table"}
+# (selector) -> the element's box in page coordinates, scrolled into view first: measured when the
+# screenshot is taken, since the box read at load time can move before then (a figure's clip
+# landed on a code cell in chapter 4)
+RECT = """sel => {
+    const e = document.querySelector(sel);
+    if (!e) return null;
+    e.scrollIntoView({block: "start"});
+    const r = e.getBoundingClientRect();
+    return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height};
+  }"""
+
 # Runs in the page once it has loaded: waits for MathJax and the images, then reads the page.
 READ_PAGE = r"""
 (async () => {
@@ -211,11 +225,14 @@ class Chromium:
         return r["result"].get("value")
 
     def screenshot(self, path: Path, clip: dict | None = None, pad: int = 8) -> Path:
-        """A PNG of the viewport, or of ``clip`` (page coordinates) with ``pad`` pixels around it."""
+        """A PNG of the viewport, or of ``clip`` (page coordinates, in the current viewport: scroll the
+        element into view first) with ``pad`` pixels around it."""
         params = {"format": "png"}
         if clip:
             x, y = max(0, clip["x"] - pad), max(0, clip["y"] - pad)
-            params |= {"captureBeyondViewport": True,
+            # the caller scrolled the element into view: capture the viewport as laid out (with
+            # captureBeyondViewport Chromium lays the page out again at full height, and the box moves)
+            params |= {"captureBeyondViewport": False,
                        "clip": {"x": x, "y": y, "width": clip["width"] + 2 * pad, "height": clip["height"] + 2 * pad,
                                 "scale": 1}}
         else:
@@ -273,8 +290,9 @@ def check_pages(pages: list[Path], screenshots: Path | None = None, browser: str
             if screenshots is not None:
                 r.screenshots.append(b.screenshot(screenshots / f"{page.stem}-top.png"))
                 for what in ("figure", "table"):
-                    if seen[what] and seen[what]["width"] > 0:
-                        r.screenshots.append(b.screenshot(screenshots / f"{page.stem}-{what}.png", seen[what]))
+                    box = b.evaluate(f"({RECT})({json.dumps(SELECTORS[what])})") if seen[what] else None
+                    if box and box["width"] > 0:
+                        r.screenshots.append(b.screenshot(screenshots / f"{page.stem}-{what}.png", box))
             log(r)
             reports.append(r)
     return reports
