@@ -289,6 +289,27 @@ def _device_words(device) -> str:
         return "not available here"
 
 
+def _md_row(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _scorecard(results: list[Result]) -> list[str]:
+    """The book's scorecard: every seed claim in scope, per chapter, with the paper's value where
+    it has one, ours, and reproduced / not reproduced / not attempted."""
+    from .claims import SCORECARD_HEADERS, scorecard_rows
+
+    rows = [row for r in results for row in scorecard_rows(r.chapter.title, r.claims)]
+    if not rows:
+        return []
+    counts = {k: sum(row[-1] == k for row in rows) for k in ("reproduced", "not reproduced", "not attempted")}
+    return ["", "## Scorecard", "",
+            "Every claim of the papers in the chapters' scope: the evidence checks (each holds only when "
+            "the simpler explanation it rules out, its null, fails the same threshold in the same run), "
+            "the findings declared before the run, and the claims no chapter attempts. "
+            + ", ".join(f"{v} {k}" for k, v in counts.items()) + ".", "",
+            _md_row(SCORECARD_HEADERS), "|" + " --- |" * len(SCORECARD_HEADERS)] + [_md_row(row) for row in rows]
+
+
 def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Path:
     """The book's "Reproducibility" page: every chapter's claims, parameters, wall time, versions."""
     v = versions()
@@ -301,12 +322,15 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
     lines += [f"Built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with iclnb {v['iclnb']}, "
               f"torch {v['torch']}, numpy {v['numpy']}, Python {v['python']} on `{v['platform']}` "
               f"(CUDA available: {v['cuda']}).", "",
-              "| chapter | wall time (s) | claims passed | claims failed | findings not reproduced | status |",
-              "| --- | ---: | ---: | ---: | ---: | --- |"]
+              "| chapter | wall time (s) | claims passed | claims failed | findings not reproduced "
+              "| not attempted | status |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         status = "error" if r.error else ("pass" if r.ok else "claims failed")
         lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | {r.claims.get('passed', 0)} | "
-                     f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | {status} |")
+                     f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | "
+                     f"{r.claims.get('not_attempted', 0)} | {status} |")
+    lines += _scorecard(results)
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
         changed = ", ".join(r.parameters) or "none (defaults)"
@@ -322,10 +346,8 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
         if rows:
             from .claims import ClaimsTable
 
-            lines += ["| " + " | ".join(ClaimsTable.HEADERS) + " |", "|" + " --- |" * len(ClaimsTable.HEADERS)]
-            for c in rows:
-                cells = ClaimsTable._cells(c)
-                lines.append("| " + " | ".join(s.replace("|", "\\|") for s in cells) + " |")
+            lines += [_md_row(ClaimsTable.HEADERS), "|" + " --- |" * len(ClaimsTable.HEADERS)]
+            lines += [_md_row(ClaimsTable._cells(c)) for c in rows]
     REPRO_PAGE.write_text("\n".join(lines) + "\n")
     return REPRO_PAGE
 

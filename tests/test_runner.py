@@ -40,7 +40,9 @@ if fail_at == "cell":
 import numpy as np
 from myst_nb import glue
 glue("n_half", np.float64(n / 2) if fail_at == "glue" else n / 2, display=False)
-claims.check("n-min", "n is at least 5", n, ">=", 5)
+claims.check("n-min", "n is at least 5", n, ">=", 5, null="n of 2", null_value=2, basis="theory",
+             paper=5)
+claims.not_attempted("n-rate", "a rate in n", "no sweep in this chapter", ref="Thm 9")
 ```
 
 ```{code-cell} ipython3
@@ -108,7 +110,11 @@ def test_reproducibility_page(chapter, tmp_path, monkeypatch):
     assert "Ran with its defaults" in page and "Ran with the **paper** preset" in page
     assert "that is cpu (" in page or "that is cuda:" in page  # the device used, not only the parameter
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page
-    assert "| pass |" in page and "n-min" in page
+    assert "| pass |" in page and "n-min" in page and "n of 2: 2 (fails)" in page
+    # the book's scorecard: every seed claim in scope with the paper's value, ours, and the result
+    card = page[page.index("## Scorecard"):]
+    assert "| 98. Synthetic" in card and "| n-min | n is at least 5 |  | 5 | 10 | 2 | reproduced |" in card
+    assert "| n-rate |" in card and "| not attempted |" in card
 
 
 @pytest.mark.parametrize("env, url", [
