@@ -53,6 +53,11 @@ __all__ = [
     "top_eigenspace",
     "principal_angles",
     "subspace_ratio",
+    "symmetric_part",
+    "projector_fit",
+    "aligned_basis",
+    "aligned",
+    "recovery",
     "kernel_weights",
 ]
 
@@ -344,13 +349,69 @@ def principal_angles(M, B) -> np.ndarray:
     return np.sort(np.arccos(np.clip(s, -1.0, 1.0)))
 
 
+def symmetric_part(M) -> np.ndarray:
+    """M_s = (M + M^T) / 2 of a matrix (d, d) or a stack (..., d, d). The recovery metrics read
+    M_s: Theorem 4 of Collins et al. optimises over symmetric M, and the antisymmetric part
+    adds nothing to the score of a point with itself (x^T A x = 0)."""
+    M = _np(M)
+    return (M + np.swapaxes(M, -1, -2)) / 2
+
+
+def _orthonormal(B) -> np.ndarray:
+    """An orthonormal basis (d, k) of col(B) (B (d, k) or a vector (d,)): B itself when its
+    columns are orthonormal already, else its Q factor."""
+    B = _np(B)
+    B = B.reshape(-1, 1) if B.ndim == 1 else B
+    if np.allclose(B.T @ B, np.eye(B.shape[1]), atol=1e-10):
+        return B
+    return np.linalg.qr(B)[0]
+
+
 def subspace_ratio(M, B) -> float:
-    """|B_perp^T M B_perp|_F / |B^T M B|_F: the weight M puts outside col(B) (B orthonormal,
-    (d, k)) against the weight inside (0: M = B C B^T)."""
-    M, B = _np(M), _np(B)
+    """rho(M, B) = |P_perp M_s P_perp|_F / |B^T M_s B|_F with M_s = (M + M^T) / 2 and P_perp the
+    projector onto col(B)^perp (B (d, k), any basis): the weight the window puts outside col(B)
+    against the weight inside (0: M_s = B C B^T; sqrt((d - k) / k) for M = w I)."""
+    M, B = symmetric_part(M), _orthonormal(B)
     P = np.eye(M.shape[-1]) - B @ B.T
     inside = float(np.linalg.norm(B.T @ M @ B))
     return float(np.linalg.norm(P @ M @ P)) / inside if inside > 0 else float("inf")
+
+
+def projector_fit(M, B) -> tuple[float, float]:
+    """(c, e): the best multiple c B B^T of the projector onto col(B) (B (d, k), any basis) in
+    Frobenius norm, c = tr(B^T M_s B) / k, and the relative error e = |M_s - c B B^T|_F / |M_s|_F
+    (0: M_s = c B B^T, c of either sign; sqrt((d - k) / d) for M = w I)."""
+    B = _orthonormal(B)
+    return proportional_error(symmetric_part(M), B @ B.T)
+
+
+def aligned_basis(B) -> np.ndarray:
+    """An orthonormal basis Q (d, d) of R^d whose first k columns span col(B) (B's own columns
+    when they are orthonormal) and whose last d - k span col(B)^perp."""
+    B = _orthonormal(B)
+    Q = np.linalg.qr(np.concatenate([B, np.eye(B.shape[0])], 1))[0][:, : B.shape[0]]
+    Q[:, : B.shape[1]] = B  # QR may flip signs; keep B's columns as they are
+    return Q
+
+
+def aligned(M, B) -> np.ndarray:
+    """Q^T M_s Q in the basis Q of :func:`aligned_basis` (the first k rows and columns: col(B)),
+    for a matrix (d, d) or a stack (..., d, d): a recovered subspace shows as one k x k block."""
+    Q = aligned_basis(B)
+    return Q.T @ symmetric_part(M) @ Q
+
+
+def recovery(M, B) -> dict:
+    """The recovery metrics of a kernel matrix M (d, d) or a stack (T, d, d) (e.g. a logged
+    history) against col(B): ``rho`` (:func:`subspace_ratio`), ``angle`` the largest principal
+    angle in degrees (:func:`principal_angles`), ``c`` and ``fit_error`` (:func:`projector_fit`),
+    and ``norm`` |M_s|_F. Floats for one matrix, arrays (T,) for a stack."""
+    M = _np(M)
+    stack = M if M.ndim == 3 else M[None]
+    rows = [(subspace_ratio(m, B), float(np.degrees(principal_angles(m, B)[-1])), *projector_fit(m, B),
+             float(np.linalg.norm(symmetric_part(m)))) for m in stack]
+    out = dict(zip(("rho", "angle", "c", "fit_error", "norm"), np.array(rows).T))
+    return {k: float(v[0]) for k, v in out.items()} if M.ndim == 2 else out
 
 
 def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:

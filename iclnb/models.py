@@ -390,13 +390,20 @@ class LinearAttention(_Attention):
 class _KernelUnit(Ensemble):
     """K units read at the query, one d x d matrix each: Wm = M_K^T M_Q (``factorized``, the
     paper's training form) or Wm itself. Init: M_K, M_Q ~ U(-1/sqrt(d), 1/sqrt(d)) (nn.Linear's
-    default); the direct form starts at the same matrix. Logs it ("M"), its scale
-    w = trace / d and :func:`iclnb.circuits.proportional_error` to w I ("iso")."""
+    default) times ``init_scale`` (one number, or one per member), so Wm starts at init_scale^2
+    times that product (a small init: init_scale well below 1); the direct form starts at the
+    same matrix. Logs it ("M"), its scale w = trace / d and
+    :func:`iclnb.circuits.proportional_error` to w I ("iso")."""
 
-    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, factorized=True):
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, factorized=True,
+                 init_scale=1.0):
         check("factorized", factorized, isinstance(factorized, bool), "True or False")
         check_int("outputs", outputs, 1, 1)
-        self.factorized = factorized
+        K = 1 if is_int(heads) else len(heads)
+        scales = list(init_scale) if isinstance(init_scale, (list, tuple)) else [init_scale] * K
+        ok = len(scales) == K and all(is_real(v) and v > 0 for v in scales)
+        check("init_scale", init_scale, ok, f"a real number > 0, or {K} of them (one per member)")
+        self.factorized, self.init_scales = factorized, [float(v) for v in scales]
         super().__init__(d, heads, outputs, seeds, device, dtype)
         check("heads", self.heads, all(h == 1 for h in self.heads), "1 per member (the unit has no heads)")
 
@@ -406,6 +413,7 @@ class _KernelUnit(Ensemble):
 
     def init_member(self, k, gen, views):
         A = (torch.rand(2, self.d, self.d, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(self.d)
+        A *= self.init_scales[k]
         if self.factorized:
             views["MK"][k], views["MQ"][k] = A[0], A[1]
         else:

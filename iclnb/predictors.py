@@ -51,6 +51,10 @@ __all__ = [
     "risk_curve",
     "best_step",
     "ByLength",
+    "kernel_predict",
+    "squared_errors",
+    "best_on_grid",
+    "kernel_loss_slope",
 ]
 
 
@@ -371,3 +375,88 @@ def best_step(predict_with_step: Callable, task: Task, prompts, etas: Sequence[f
         if r < best[1]:
             best = (float(eta), float(r))
     return best
+
+
+# --------------------------------------------------------------------------- kernel matrices
+def kernel_predict(matrices, linear: bool = False) -> Callable:
+    """The kernel unit with a fixed matrix M as a predictor (chapters 4, 5): softmax,
+    y_hat = sum_i y_i softmax_i(x_i^T M x_q), or with ``linear=True`` linear attention,
+    y_hat = (1/m) sum_i y_i x_i^T M x_q (m the prompt's own length). ``matrices``: one M (d, d)
+    -> predictions (B,), or a stack (S, d, d) (e.g. a grid w I or c B B^T) -> (S, B); numpy or
+    torch, cast to the prompts' dtype and device. The same numbers as the registered models
+    ``kernel`` and ``kernel_linear`` whose matrix is M."""
+    M0 = matrices
+
+    def predict(X, y, xq):
+        M = torch.as_tensor(M0.detach() if isinstance(M0, torch.Tensor) else np.asarray(M0),
+                            dtype=X.dtype, device=X.device)
+        one = M.dim() == 2
+        check("matrices", tuple(M.shape), M.dim() in (2, 3) and M.shape[-2:] == (X.shape[-1],) * 2,
+              f"a matrix ({X.shape[-1]}, {X.shape[-1]}) or a stack (S, {X.shape[-1]}, {X.shape[-1]})")
+        u = torch.einsum("sde,be->sbd", M.view(-1, *M.shape[-2:]), xq)  # M x_q
+        s = torch.einsum("bnd,sbd->sbn", X, u)
+        out = (s * y).mean(-1) if linear else (torch.softmax(s, -1) * y).sum(-1)
+        return out[0] if one else out
+
+    return predict
+
+
+def squared_errors(predictors: dict, task: Task, num_prompts: int = 10_000, seed: int = 0, stream="errors",
+                   device="cpu", dtype=torch.float32, chunk: int | None = None) -> dict:
+    """Per-prompt squared errors (y_hat - y_q)^2 of several predictors on common prompts of
+    ``task`` (``num_prompts`` of them, drawn with ``derive_seed(seed, stream)``; ``stream`` a label
+    or a tuple of labels): ``{name: numpy (..., P)}``, e.g. (S, P) for a family of S predictors.
+    The raw material of paired comparisons (:func:`best_on_grid`): two predictors on the same
+    prompts differ by far less Monte Carlo noise than either risk carries."""
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    errs = {k: [] for k in predictors}
+    g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
+    with torch.no_grad():
+        for p in _batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+            for k, f in predictors.items():
+                errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, task.outputs))
+    return {k: torch.cat(e, dim=-1).numpy() for k, e in errs.items()}
+
+
+def best_on_grid(errors, reference=None) -> dict:
+    """The best member of a family of S predictors from their per-prompt squared errors ``errors``
+    (S, P) on P common prompts (:func:`squared_errors`), chosen on those same prompts:
+    ``index``, its ``risk`` and standard error ``se``. With ``reference`` (P,), the errors of
+    another predictor on the same prompts: ``gap`` = risk(best) - risk(reference) and its paired
+    standard error ``gap_se`` (of the per-prompt differences), and ``ratio`` risk(reference) /
+    risk(best). Choosing on the evaluation prompts favours the family (by about its selection
+    noise), so a reference that beats it does so against an optimistic baseline."""
+    e = np.asarray(errors, dtype=np.float64)
+    check("errors", e.shape, e.ndim == 2 and e.shape[1] >= 2, "(S, P): S predictors, P >= 2 prompts")
+    risks = e.mean(1)
+    j = int(np.argmin(risks))
+    P = e.shape[1]
+    out = {"index": j, "risk": float(risks[j]), "se": float(e[j].std(ddof=1) / math.sqrt(P)), "risks": risks}
+    if reference is not None:
+        r = np.asarray(reference, dtype=np.float64)
+        check("reference", r.shape, r.shape == (P,), f"({P},): the reference's errors on the same prompts")
+        diff = e[j] - r
+        out |= {"gap": float(diff.mean()), "gap_se": float(diff.std(ddof=1) / math.sqrt(P)),
+                "ratio": float(r.mean() / risks[j])}
+    return out
+
+
+def kernel_loss_slope(M, direction, task: Task, num_prompts: int = 20_000, seed: int = 0, stream="slope",
+                      device="cpu", dtype=torch.float64, chunk: int | None = None) -> tuple[float, float]:
+    """The slope of the softmax kernel unit's risk E(y_hat - y_q)^2 at the matrix M (d, d) along
+    ``direction`` D (d, d), d/de R(M + e D) at e = 0, by Monte Carlo on prompts of ``task``
+    (``derive_seed(seed, stream)``), with its standard error: (slope, se). Per prompt, exactly,
+    2 (y_hat - y_q) sum_i p_i (y_i - y_hat) x_i^T D x_q with p = softmax(x^T M x_q). At M = 0 it
+    is the first-order signal the training gets from small weights along D."""
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
+    Mt, Dt = (torch.as_tensor(np.asarray(a), dtype=dtype, device=device) for a in (M, direction))
+    out = []
+    with torch.no_grad():
+        for p in _batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+            p_i = torch.softmax((p.X @ (p.xq @ Mt.T).unsqueeze(-1))[..., 0], -1)
+            ds = (p.X @ (p.xq @ Dt.T).unsqueeze(-1))[..., 0]
+            yhat = (p_i * p.y).sum(-1)
+            out.append((2 * (yhat - p.yq) * (p_i * (p.y - yhat[:, None]) * ds).sum(-1)).to("cpu", torch.float64))
+    r, se = _finish(out, True)
+    return float(r), float(se)

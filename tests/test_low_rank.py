@@ -1,0 +1,161 @@
+"""Chapter 5's library: the recovery metrics of a kernel matrix against a subspace col(B)
+(rho, principal angles, the best c B B^T, the B-aligned basis) on exact and random matrices,
+the kernel predictors of a fixed M against the registered kernel units, paired errors on
+common prompts and the best member of a grid, the slope of the risk along a direction against
+finite differences, the even links' missing first-order signal and the small init."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from iclnb import circuits
+from iclnb import predictors as pr
+from iclnb.models import MODELS
+from iclnb.tasks import LipschitzRegression, random_subspace
+
+F64 = torch.float64
+
+
+def _B(d=7, k=2, seed=0):
+    return random_subspace(d, k, seed).numpy()
+
+
+# ---- recovery metrics ----------------------------------------------------------------------------
+@pytest.mark.parametrize("c", [3.0, -2.0])
+@pytest.mark.parametrize("k", [1, 3])
+def test_multiple_of_the_projector_is_recovered(c, k):
+    B = _B(k=k)
+    A = np.random.default_rng(0).normal(size=(7, 7))
+    M = c * B @ B.T + (A - A.T)  # an antisymmetric part: the metrics read M_s
+    assert circuits.subspace_ratio(M, B) == pytest.approx(0, abs=1e-12)
+    np.testing.assert_allclose(circuits.principal_angles(M, B), 0, atol=1e-6)
+    cc, e = circuits.projector_fit(M, B)
+    assert cc == pytest.approx(c) and e == pytest.approx(0, abs=1e-12)
+    r = circuits.recovery(M, B)
+    assert r["rho"] == pytest.approx(0, abs=1e-12) and r["angle"] < 1e-4 and r["c"] == pytest.approx(c)
+    assert r["norm"] == pytest.approx(abs(c) * math.sqrt(k))
+    # any basis of col(B) gives the same numbers
+    G = B @ np.random.default_rng(1).normal(size=(k, k))
+    assert circuits.projector_fit(M, G) == pytest.approx((cc, e), abs=1e-9)
+    assert circuits.subspace_ratio(M, G) == pytest.approx(0, abs=1e-9)
+
+
+@pytest.mark.parametrize("d,k", [(10, 1), (10, 3), (5, 2)])
+def test_isotropic_window_values(d, k):
+    B = _B(d, k)
+    assert circuits.subspace_ratio(2.5 * np.eye(d), B) == pytest.approx(math.sqrt((d - k) / k))
+    c, e = circuits.projector_fit(2.5 * np.eye(d), B)
+    assert c == pytest.approx(2.5) and e == pytest.approx(math.sqrt((d - k) / d))
+
+
+def test_random_matrix_gives_theory_on_average():
+    """M with iid N(0, 1) entries: M_s is orthogonally invariant, so E|P M_s P|^2 / E|B^T M_s B|^2
+    = (d-k)(d-k+1) / (k(k+1)) (m(m+1)/2 per m x m block), and its top-|eigenvalue| k-space is a
+    uniform k-subspace: E sum_j cos^2(angle_j) = k^2 / d."""
+    d, k, N = 8, 2, 4000
+    B = _B(d, k)
+    P = np.eye(d) - B @ B.T
+    rng = np.random.default_rng(0)
+    out_sq = in_sq = cos2 = 0.0
+    for _ in range(N):
+        M = rng.normal(size=(d, d))
+        Ms = circuits.symmetric_part(M)
+        out_sq += np.linalg.norm(P @ Ms @ P) ** 2
+        in_sq += np.linalg.norm(B.T @ Ms @ B) ** 2
+        cos2 += float(np.sum(np.cos(circuits.principal_angles(M, B)) ** 2))
+    assert out_sq / in_sq == pytest.approx((d - k) * (d - k + 1) / (k * (k + 1)), rel=0.05)
+    assert cos2 / N == pytest.approx(k * k / d, abs=0.03)  # sd of the mean about 0.006
+
+
+def test_aligned_basis_and_stack():
+    B = _B(6, 2)
+    Q = circuits.aligned_basis(B)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(6), atol=1e-12)
+    np.testing.assert_array_equal(Q[:, :2], B)
+    A = circuits.aligned(4 * B @ B.T, B)
+    np.testing.assert_allclose(A, np.diag([4.0, 4, 0, 0, 0, 0]), atol=1e-12)
+    stack = np.stack([np.eye(6), 2 * B @ B.T, B @ B.T + 0.1 * np.eye(6)])
+    r = circuits.recovery(stack, B)
+    assert r["rho"].shape == (3,)
+    for j in range(3):
+        one = circuits.recovery(stack[j], B)
+        assert all(one[key] == pytest.approx(r[key][j]) for key in one)
+    assert circuits.aligned(stack, B).shape == (3, 6, 6)
+
+
+# ---- predictors of a fixed M ----------------------------------------------------------------------
+@pytest.mark.parametrize("name,linear", [("kernel", False), ("kernel_linear", True)])
+def test_kernel_predict_matches_the_models(name, linear):
+    t = LipschitzRegression(d=4, n=9, function="quadratic", rank=2, sigma=0.1)
+    p = t.sample(30, torch.Generator().manual_seed(0), dtype=F64)
+    model = MODELS[name](4, heads=[1, 1], seeds=[1, 2], dtype=F64, device="cpu", factorized=False)
+    Ms = model.matrix().detach()
+    ref = model(p.X, p.y, p.xq)  # (2, B)
+    torch.testing.assert_close(pr.kernel_predict(Ms, linear=linear)(p.X, p.y, p.xq), ref)
+    torch.testing.assert_close(pr.kernel_predict(Ms[1].numpy(), linear=linear)(p.X, p.y, p.xq), ref[1])
+    with pytest.raises(ValueError, match="matrices"):
+        pr.kernel_predict(np.eye(3))(p.X, p.y, p.xq)
+
+
+def test_squared_errors_and_best_on_grid():
+    t = LipschitzRegression(d=3, n=8, function="linear", rank=1, sigma=0.0)
+    grid = np.array([0.0, 2.0, 8.0])
+    fam = {"grid": pr.kernel_predict(grid[:, None, None] * np.eye(3)), "ref": pr.kernel_predict(2 * np.eye(3))}
+    e = pr.squared_errors(fam, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
+    again = pr.squared_errors({"ref": fam["ref"]}, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
+    assert e["grid"].shape == (3, 500) and e["ref"].shape == (500,)
+    np.testing.assert_array_equal(again["ref"], e["ref"])  # seeded: the same prompts
+    np.testing.assert_allclose(e["grid"][1], e["ref"])
+    assert pr.mc_risk(fam["ref"], t, num_prompts=500, seed=3, stream="x", dtype=F64) != pytest.approx(
+        e["ref"].mean())  # another stream: other prompts
+    b = pr.best_on_grid(e["grid"], e["ref"])
+    j = int(np.argmin(e["grid"].mean(1)))
+    assert b["index"] == j and b["risk"] == pytest.approx(e["grid"][j].mean())
+    diff = e["grid"][j] - e["ref"]
+    assert b["gap"] == pytest.approx(diff.mean()) and b["gap_se"] == pytest.approx(diff.std(ddof=1) / math.sqrt(500))
+    assert b["ratio"] == pytest.approx(e["ref"].mean() / e["grid"][j].mean())
+    with pytest.raises(ValueError, match="reference"):
+        pr.best_on_grid(e["grid"], e["ref"][:10])
+
+
+def test_loss_slope_matches_finite_differences():
+    t = LipschitzRegression(d=4, n=10, function="cos4", rank=2, sigma=0.2)
+    B = t.subspace.numpy()
+    M = np.random.default_rng(0).normal(size=(4, 4))
+    D = B @ B.T
+    slope, se = pr.kernel_loss_slope(M, D, t, num_prompts=3000, seed=1, stream="fd")
+    h = 1e-5
+    e = pr.squared_errors({"p": pr.kernel_predict(M + h * D), "m": pr.kernel_predict(M - h * D)}, t,
+                          num_prompts=3000, seed=1, stream="fd", dtype=F64)
+    assert slope == pytest.approx((e["p"].mean() - e["m"].mean()) / (2 * h), rel=1e-6)
+    assert se > 0
+
+
+def test_even_links_have_no_first_order_signal():
+    """At M = 0 the slope along B B^T is about -2/d^2 for the linear link (E[y x] = w/d) and 0 for
+    the even links, whose labels are unchanged by x -> -x (E[y x] = 0)."""
+    d = 4
+    for link, zero in (("linear", False), ("quadratic", True), ("cos4", True)):
+        t = LipschitzRegression(d=d, n=40, function=link, rank=1, sigma=0.0)
+        B = t.subspace.numpy()
+        slope, se = pr.kernel_loss_slope(np.zeros((d, d)), B @ B.T, t, num_prompts=20000, seed=0)
+        if zero:
+            assert abs(slope) < 4 * se
+        else:
+            assert slope == pytest.approx(-2 / d**2, rel=0.15) and abs(slope) > 20 * se
+        p = t.sample(20000, torch.Generator().manual_seed(2), dtype=F64)
+        yx = (p.y * (p.X * p.info["w"][:, None]).sum(-1)).mean()  # E[y w^T x]: 1/d or 0
+        assert yx.item() == pytest.approx(0 if zero else 1 / d, abs=0.005)
+
+
+def test_kernel_unit_init_scale():
+    base = MODELS["kernel"](5, heads=[1, 1], seeds=[4, 5], device="cpu", dtype=F64)
+    small = MODELS["kernel"](5, heads=[1, 1], seeds=[4, 5], device="cpu", dtype=F64, init_scale=[0.1, 0.5])
+    torch.testing.assert_close(small.matrix()[0], 0.01 * base.matrix()[0])
+    torch.testing.assert_close(small.matrix()[1], 0.25 * base.matrix()[1])
+    direct = MODELS["kernel"](5, heads=1, seeds=4, device="cpu", dtype=F64, factorized=False, init_scale=0.1)
+    torch.testing.assert_close(direct.matrix()[0], 0.01 * base.matrix()[0])
+    with pytest.raises(ValueError, match="init_scale"):
+        MODELS["kernel"](5, heads=[1, 1], init_scale=[0.1])
