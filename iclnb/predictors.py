@@ -15,7 +15,11 @@ device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
                   (a single head is the Nadaraya-Watson regressor of Chen et al.)
 
 :func:`mc_risk` estimates E(y_hat - y_q)^2 by Monte Carlo on given or freshly sampled prompts,
-and :func:`risk_curve` does so over a range of context lengths.
+and :func:`risk_curve` does so over a range of context lengths. For the kernel unit of chapters
+4 and 5 with a fixed matrix M: :func:`kernel_predict` (softmax or linear, one M or a grid),
+:func:`squared_errors` (per-prompt errors on common prompts), :func:`best_on_grid` (the best of a
+family chosen on those prompts, with a paired gap) and :func:`kernel_loss_slope` (the slope of
+the risk along a direction).
 """
 
 from __future__ import annotations
