@@ -7,7 +7,7 @@ across head counts), or, with per-member task parameters, each member draws its 
 from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init_seeds[k]``
 (default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
-is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
+is K independent Adams (or, with ``optimizer="sgd"``, plain gradient descent). Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
 outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
 the device type and the library version).
 
@@ -84,6 +84,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # "float32" or "float64"
     init_seeds: tuple | None = None  # per-member init seeds (default: derive_seed(seed, "init") for all)
+    optimizer: str = "adam"  # "adam", or "sgd": plain gradient descent (no momentum), flat -= lr * grad
 
     def __post_init__(self):
         heads = self.heads
@@ -115,6 +116,7 @@ class TrainConfig:
         check("device", self.device, isinstance(self.device, str), "a device name: 'auto', 'cpu', 'cuda', 'cuda:N'")
         resolve_device(self.device)
         check("dtype", self.dtype, self.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+        check("optimizer", self.optimizer, self.optimizer in ("adam", "sgd"), "'adam' or 'sgd'")
         seeds = self.init_seeds
         if isinstance(seeds, list):
             seeds = tuple(seeds)
@@ -282,6 +284,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
     capture = capture or cuda_graph_capture
     batch, gens = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
+    if cfg.optimizer == "sgd":  # plain gradient descent: stateless, so a CUDA graph captures it as it is
+        opt = torch.optim.SGD([model.flat], lr=cfg.lr)
     blocks = _Blocks(model, opt, batch, every)
 
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
@@ -380,7 +384,10 @@ def cache_dir() -> Path:
 
 def _canonical(cfg: TrainConfig, device: torch.device) -> str:
     """The cache identity: the full config, the device type it ran on and the library version."""
-    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__},
+    config = asdict(cfg)
+    if config["optimizer"] == "adam":  # the default keeps the keys of the runs cached before the option
+        del config["optimizer"]
+    return json.dumps({"config": config, "device_type": device.type, "iclnb": iclnb.__version__},
                       sort_keys=True, separators=(",", ":"))
 
 
