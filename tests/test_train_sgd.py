@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from iclnb.train import TrainConfig, _canonical, build_model, prompt_stream, train
-from iclnb.util import resolve_device
+from iclnb.train import TrainConfig, build_model, prompt_stream, train
 
 
 def _cfg(**kw):
@@ -33,9 +32,3 @@ def test_sgd_differs_from_adam_and_is_checked():
     assert not torch.allclose(a, s)
     with pytest.raises(ValueError, match="optimizer"):
         _cfg(optimizer="momentum")
-
-
-def test_default_optimizer_keeps_the_cache_key():
-    dev = resolve_device("cpu")
-    assert '"optimizer"' not in _canonical(_cfg(optimizer="adam"), dev)
-    assert '"optimizer":"sgd"' in _canonical(_cfg(), dev)
