@@ -7,8 +7,8 @@ across head counts), or, with per-member task parameters, each member draws its 
 from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init_seeds[k]``
 (default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
-is K independent Adams (``optimizer="sgd"``: plain gradient descent). Loss: MSE on the (noisy)
-target y_q, no 1/2, mean over the batch (and outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
+is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
+outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
 the device type and the library version).
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
