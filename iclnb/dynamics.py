@@ -28,7 +28,7 @@ import torch
 from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
-from .circuits import classify_heads
+from .circuits import classify_heads, diag_ratio
 from .tasks import LinearRegression
 from .util import check, check_int, check_real, check_regression
 
@@ -321,14 +321,16 @@ class Patterns:
     live: np.ndarray  # (T, H) bool
 
 
-def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05) -> Patterns:
+def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05,
+                    outputs: int = 1) -> Patterns:
     """The pattern metrics of section 4.2 over training, from omega (T, H), mu (T, H) and optionally KQ (T, H, D, D).
 
     A head is **live** when ``iclnb.circuits.classify_heads`` does not call it dummy (its
     |omega_h mu_h| is at least ``dummy_frac`` of the largest head's), judged at each logged step
     (``live="step"``) or once at the last step for the whole history (``live="final"``: the
-    paper's exclusion of the heads that end as dummies). The diag ratio uses KQ[:d, :d] only (the
-    last column multiplies the query's always-zero label slot), as ``circuits.circuit_metrics``.
+    paper's exclusion of the heads that end as dummies). The diag ratio
+    (:func:`iclnb.circuits.diag_ratio`) uses KQ[:d, :d] only, d = D - ``outputs`` (the last
+    columns multiply the query's always-zero label slots), as ``circuits.circuit_metrics``.
     With no live head the sign fraction, spread and diag ratio are NaN.
     """
     w, m = _pair(omega, mu)
@@ -352,10 +354,7 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
         K = _arr("kq", kq)
         check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (T, H) and K.shape[2] == K.shape[3] >= 2,
               f"an array (T, H, D, D) with T = {T}, H = {H}")
-        dd = K.shape[-1] - 1
-        block = K[..., :dd, :dd]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
+        r = diag_ratio(K, K.shape[-1] - outputs)
         diag = np.where(n_live > 0, np.where(alive, r, np.inf).min(1), np.nan)
     return Patterns(steps=steps, sign_match=sign, zero_sum=zero, spread=spread, diag_ratio=diag, n_live=n_live,
                     live=alive)

@@ -11,7 +11,8 @@ the shared stream). The model also declares what the training history logs (``sn
 independent Adams (it is elementwise) and members never interact.
 
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
-another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS``) and ``linear``
+another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS`` of
+:mod:`iclnb.circuits`) and ``linear``
 (linear attention), and chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
 matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .circuits import proportional_error
+from .circuits import ACTIVATIONS, head_outputs, mu, normaliser, omega, proportional_error
 from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype, rowdot
 
 MODELS: dict[str, type] = {}
@@ -145,19 +146,6 @@ class Ensemble(nn.Module):
         return loss.detach()
 
 
-# ---- normalised activations phi for p_i = phi(s_i) / sum_j phi(s_j) --------------------------
-def _softplus(s):
-    return nn.functional.softplus(s), torch.sigmoid(s)
-
-
-def _sigmoid(s):
-    p = torch.sigmoid(s)
-    return p, p * (1 - p)
-
-
-ACTIVATIONS = {"softplus": _softplus, "sigmoid": _sigmoid}  # (phi, phi') of the scores
-
-
 class _Attention(Ensemble):
     """One-layer multi-head attention read at the query, computed in folded form.
 
@@ -165,12 +153,13 @@ class _Attention(Ensemble):
     z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
     matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
     output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
-    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and
-    whether the kernel is ``centred`` (normalised by the weights' sum).
+    scale as A1 (ignored when ``exp_kernel``: phi' = phi = A1; None for phi' = 1), the scores'
+    unit ``score_unit`` and whether the kernel is ``centred`` (normalised by the weights' sum).
     """
 
     score_unit: ClassVar[float] = 1.0
     centred: ClassVar[bool] = True
+    exp_kernel: ClassVar[bool] = False  # phi = exp: phi' is phi itself (the backward reuses G1)
     init_scales = None  # per-member factors on the default init (a subclass may set them), None: 1
 
     def layout(self):
@@ -216,13 +205,11 @@ class _Attention(Ensemble):
         return {"kq": KQ, "ov": OV}
 
     def member_log(self, logs, k):
-        """kq (T_log,H,D,D), ov (T_log,H,D[,T]); omega = mean of the first d diagonal entries of
-        KQ; mu = the label entry of OV ((T_log,H), or (T_log,H,T) with mu[..., t] = OV[d+t, t])."""
+        """kq (T_log,H,D,D), ov (T_log,H,D[,T]); omega (T_log,H) and mu ((T_log,H), or
+        (T_log,H,T)) as :func:`iclnb.circuits.omega` / :func:`iclnb.circuits.mu` read them."""
         sl, d = self.member_slice(k), self.d
         kq, ov = logs["kq"][:, sl].copy(), logs["ov"][:, sl].copy()
-        omega = np.diagonal(kq[:, :, :d, :d], axis1=-2, axis2=-1).mean(-1)
-        mu = ov[..., d] if self.T == 1 else np.stack([ov[..., d + t, t] for t in range(self.T)], -1)
-        return {"kq": kq, "ov": ov, "omega": omega, "mu": mu}
+        return {"kq": kq, "ov": ov, "omega": omega(kq, d), "mu": mu(ov, d, self.T)}
 
     # ---- forward ------------------------------------------------------------------------------
     def _kernel(self, S):
@@ -252,14 +239,16 @@ class _Attention(Ensemble):
         return yh, (SV[:, M:].view(B, M, T, -1), A1, dphi, G1, norm)
 
     def _predict_members(self, Z, xq):
-        """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code."""
+        """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
+        forward from circuits, :func:`iclnb.circuits.head_outputs`, with this model's kernel)."""
         KQ, OV = self.circuits()
-        OV = OV.view(self.M, self.D, self.T)
-        Zh, xh = Z[self.head_member], xq[self.head_member]  # (M,B,n,D), (M,B,d)
-        S = torch.einsum("mbnd,mde,mbe->mbn", Zh, KQ[:, :, : self.d] * self.score_unit, xh)
-        A1, _, norm = self._kernel(S.transpose(0, 1))  # (B,M,n)
-        V = torch.einsum("mbnd,mdt->mbnt", Zh, OV)
-        yh = torch.einsum("bmn,mbnt->mbt", A1 * norm, V)
+        KQ = KQ * self.score_unit
+
+        def weights(S):
+            A1, _, norm = self._kernel(S)
+            return A1 * norm
+
+        yh = head_outputs(KQ, OV.view(self.M, self.D, self.T), Z[self.head_member], xq[self.head_member], weights)
         out = yh.new_zeros(self.K, *yh.shape[1:]).index_add_(0, self.head_member, yh)
         return out[..., 0] if self.T == 1 else out
 
@@ -287,7 +276,7 @@ class _Attention(Ensemble):
         # gn = dL/dyh per head, up to the factor 2/(B T) (applied on the small tensors at the end),
         # times norm. With p_i = phi(s_i) / sum phi and w_i = sum_t gn_t v_ti, c = sum_t gn_t yh_t:
         #   centred kernels: dL/ds_i = phi'(s_i) (w_i - c);  linear: dL/ds_i = w_i (phi' = 1, no c).
-        # _kernel gives phi' (dphi; the same tensor as A1 for exp, None for phi' = 1). One output
+        # _kernel gives phi' (dphi; unused for exp, where phi' = phi = A1; None for phi' = 1). One output
         # (T = 1) takes plain elementwise forms: tiny matrix products cost more than they compute.
         if T == 1:  # gn is one number per head: scale after the product (as for the centring)
             err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
@@ -297,7 +286,7 @@ class _Attention(Ensemble):
             Z = Zt.transpose(1, 2)
             G2 = torch.bmm(A2, Z)  # (B,M,D)
             if self.centred:
-                G2 -= (G1 if dphi is A1 else torch.bmm(dphi, Z)) * yh
+                G2 -= (G1 if self.exp_kernel else torch.bmm(dphi, Z)) * yh
             G2.mul_(gn)  # dL/du up to the constant factor
         else:
             err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
@@ -310,7 +299,7 @@ class _Attention(Ensemble):
             Z = Zt.transpose(1, 2)
             G2 = torch.bmm(A2, Z)  # (B,M,D): dL/du up to the constant factor
             if self.centred:
-                G3 = G1 if dphi is A1 else torch.bmm(dphi, Z)
+                G3 = G1 if self.exp_kernel else torch.bmm(dphi, Z)
                 G2 -= G3 * (gn * yh).sum(2, keepdim=True)
         # dL/dP for P = W_O W_V = OV^T, (M,T,D)
         dOV = ((G1 * gn).sum(0).unsqueeze(1) if T == 1
@@ -334,6 +323,7 @@ class SoftmaxAttention(_Attention):
     context tokens (the query does not attend to itself), for K members at once."""
 
     name = "softmax"
+    exp_kernel = True
     score_unit = math.log2(math.e)  # scores in log2 units: exp2 is ~4x faster than exp on CPU
 
     def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, init_scale=1.0):
@@ -365,7 +355,7 @@ class NormalizedAttention(_Attention):
 
     def _kernel(self, S):
         phi, dphi = ACTIVATIONS[self.activation](S)
-        return phi, dphi, phi.sum(-1, keepdim=True).reciprocal()
+        return phi, dphi, normaliser(phi)  # 0 where every phi is 0 (a ReLU-type phi), not 0/0
 
 
 @register

@@ -41,6 +41,7 @@ from typing import Sequence
 
 import torch
 
+from . import circuits
 from .tasks import SoftmaxRegression
 from .util import check, check_choice, check_int, check_real, generator, resolve_device
 
@@ -417,7 +418,8 @@ class CircuitLayer:
 
     def predict(self, A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, with_sensitivity: bool = False):
         """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq`` (B,Q,d), in float64; with
-        ``with_sensitivity`` also ``d y_hat / d a_q`` (B,Q,d) in closed form."""
+        ``with_sensitivity`` also ``d y_hat / d a_q`` (B,Q,d) in closed form. The weights are
+        :func:`iclnb.circuits.attention` of the scores (the kernel of the circuits' forward)."""
         Z = self.task.tokens(A, b).to(torch.float64)
         Aq = Aq.to(torch.float64)
         d = Aq.shape[-1]
@@ -425,27 +427,25 @@ class CircuitLayer:
         ZK = Z @ K  # (B,n,d): row i is K^T z_i
         S = ZK @ Aq.transpose(-1, -2)  # (B,n,Q)
         v = Z @ ov  # (B,n)
-        if self.kind == "softmax":
-            P = torch.softmax(S, dim=-2)
-            y = (P * v.unsqueeze(-1)).sum(-2)  # (B,Q)
-            W = P * (v.unsqueeze(-1) - y.unsqueeze(-2))  # p_i (v_i - y)
-        else:
-            y = (S * v.unsqueeze(-1)).sum(-2) / self.n_train
-            W = v.unsqueeze(-1).expand_as(S) / self.n_train
+        P = circuits.attention(S, self.kind, self.n_train, dim=-2)
+        y = (P * v.unsqueeze(-1)).sum(-2)  # (B,Q)
         if not with_sensitivity:
             return y
+        if self.kind == "softmax":
+            W = P * (v.unsqueeze(-1) - y.unsqueeze(-2))  # p_i (v_i - y)
+        else:
+            W = v.unsqueeze(-1).expand_as(S) / self.n_train
         return y, W.transpose(-1, -2) @ ZK  # (B,Q,d)
 
     @property
     def omega(self) -> float:
-        """Mean of the first d diagonal entries of KQ."""
-        d = self.kq.shape[0] - 1
-        return float(torch.diagonal(self.kq)[:d].mean())
+        """Mean of the first d diagonal entries of KQ (:func:`iclnb.circuits.omega`)."""
+        return float(circuits.omega(self.kq, self.kq.shape[0] - 1))
 
     @property
     def mu(self) -> float:
-        """The label entry of OV."""
-        return float(self.ov[-1])
+        """The label entry of OV (:func:`iclnb.circuits.mu`)."""
+        return float(circuits.mu(self.ov, self.kq.shape[0] - 1))
 
     def effective_step(self) -> float:
         """``n mu omega``: the GD step size this layer takes to first order in omega (softmax),

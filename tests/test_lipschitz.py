@@ -15,8 +15,8 @@ from iclnb import lipschitz as lp
 from iclnb.models import MODELS
 from iclnb.predictors import mc_risk
 from iclnb.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
-from iclnb.util import power_law_fit, rank_correlation
 from iclnb.train import TrainConfig, train
+from iclnb.util import power_law_fit, rank_correlation
 
 F64 = torch.float64
 KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]

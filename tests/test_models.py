@@ -12,7 +12,7 @@ import iclnb.train  # noqa: F401  (imports every module that registers a model: 
 from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
-NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid}
+NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu}
 # attention model name -> [(model kwargs, naive kwargs)]; a new model must add its case here, or
 # to another reference's cases (KERNEL_CASES: tests/test_lipschitz.py against NaiveKernel)
 CASES = {
