@@ -95,7 +95,17 @@ class Prompts:
 
 @dataclass(frozen=True)
 class Task:
-    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token."""
+    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token.
+
+    A task implements ``sample(batch, generator, device, dtype) -> Prompts`` and keeps the
+    contract that ``tests/test_task_contract.py`` checks for every registered task: tokens
+    (B, n, d + outputs), the same generator state gives the same prompts, a member sampled inside
+    an ensemble (:func:`sample_members`, ``sample_many``) equals the task sampled alone, and
+    ``sample`` makes no tensor from host data (``torch.tensor``, ``as_tensor``, numpy) once warmed
+    up: on CUDA the training step is a captured graph, where a host-to-device copy is not allowed.
+    Per-task constants come from :func:`constant`. ``outputs`` is read from the instance
+    (``task.outputs``), so a task may set it per instance.
+    """
 
     d: int = 5
     n: int = 40
