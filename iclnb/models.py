@@ -18,7 +18,8 @@ matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token i
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
-along one head axis (M = sum of the members' head counts, no padding).
+along one head axis (Ht = sum of the members' head counts, no padding; ``M`` is kept for the
+kernel matrix of chapters 4 and 5).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Ensemble(nn.Module):
         self.d, self.T, self.D = int(d), int(outputs), int(d) + int(outputs)
         self.heads, self.K, self.seeds = heads, K, [int(s) for s in seeds]
         self.offsets = [0, *itertools.accumulate(heads)]  # member k owns heads offsets[k]:offsets[k+1]
-        self.M = self.offsets[-1]
+        self.Ht = self.offsets[-1]
         self._layout = dict(self.layout())
         self._sizes = [math.prod(s) for s in self._layout.values()]
         flat = torch.empty(sum(self._sizes), dtype=torch.float64)
@@ -99,7 +100,7 @@ class Ensemble(nn.Module):
         return {}
 
     def member_log(self, logs: dict, k: int) -> dict:
-        """Member k's part of logged snapshots ``logs[name]`` (T_log, packed...), numpy."""
+        """Member k's part of logged snapshots ``logs[name]`` (steps, packed...), numpy."""
         return {}
 
     # ---- shared machinery -----------------------------------------------------------------------
@@ -152,7 +153,7 @@ class _Attention(Ensemble):
     The loss reads only the query's output, so u_h = KQ_h z_q (the first d columns of KQ_h:
     z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
     matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
-    output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
+    output yh = norm * sum_i A1_i v_i (norm (B,Ht,1) or a number), dphi = phi'(s) on the same
     scale as A1 (ignored when ``exp_kernel``: phi' = phi = A1; None for phi' = 1), the scores'
     unit ``score_unit`` and whether the kernel is ``centred`` (normalised by the weights' sum).
     """
@@ -163,8 +164,8 @@ class _Attention(Ensemble):
     init_scales = None  # per-member factors on the default init (a subclass may set them), None: 1
 
     def layout(self):
-        M, D, T = self.M, self.D, self.T
-        return [("WQ", (M, D, D)), ("WK", (M, D, D)), ("WV", (M, D, D)), ("WO", (M, T, D))]
+        Ht, D, T = self.Ht, self.D, self.T
+        return [("WQ", (Ht, D, D)), ("WK", (Ht, D, D)), ("WV", (Ht, D, D)), ("WO", (Ht, T, D))]
 
     def init_member(self, k, gen, views):
         # nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in = D for Q, K, V and H*D
@@ -183,7 +184,7 @@ class _Attention(Ensemble):
 
     @property
     def weights(self):
-        """(W_Q, W_K, W_V, W_O) of all packed heads: (M,D,D) x3 and (M,T,D); views of ``flat``."""
+        """(W_Q, W_K, W_V, W_O) of all packed heads: (Ht,D,D) x3 and (Ht,T,D); views of ``flat``."""
         p = self.params()
         return p["WQ"], p["WK"], p["WV"], p["WO"]
 
@@ -194,7 +195,7 @@ class _Attention(Ensemble):
         return w
 
     def circuits(self):
-        """KQ (M,D,D) = W_K^T W_Q / sqrt(D) and OV (M,D,T) = (W_O W_V)^T ((M,D) for T = 1)."""
+        """KQ (Ht,D,D) = W_K^T W_Q / sqrt(D) and OV (Ht,D,T) = (W_O W_V)^T ((Ht,D) for T = 1)."""
         WQ, WK, WV, WO = self.weights
         KQ = torch.bmm(WK.transpose(1, 2), WQ) / math.sqrt(self.D)
         OV = torch.bmm(WO, WV).transpose(1, 2)
@@ -205,8 +206,8 @@ class _Attention(Ensemble):
         return {"kq": KQ, "ov": OV}
 
     def member_log(self, logs, k):
-        """kq (T_log,H,D,D), ov (T_log,H,D[,T]); omega (T_log,H) and mu ((T_log,H), or
-        (T_log,H,T)) as :func:`iclnb.circuits.omega` / :func:`iclnb.circuits.mu` read them."""
+        """kq (steps,H,D,D), ov (steps,H,D[,T]); omega (steps,H) and mu ((steps,H), or
+        (steps,H,T)) as :func:`iclnb.circuits.omega` / :func:`iclnb.circuits.mu` read them."""
         sl, d = self.member_slice(k), self.d
         kq, ov = logs["kq"][:, sl].copy(), logs["ov"][:, sl].copy()
         return {"kq": kq, "ov": ov, "omega": omega(kq, d), "mu": mu(ov, d, self.T)}
@@ -216,27 +217,27 @@ class _Attention(Ensemble):
         raise NotImplementedError
 
     def _heads(self, Zt, xq):
-        """Head outputs yh (B,M,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
+        """Head outputs yh (B,Ht,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
         reads. One product gives every head's u = KQ z_q (times ``score_unit``) and OV, one
-        batched product their scores S (B,M,n) and values V (B,M,T,n) against all n tokens."""
+        batched product their scores S (B,Ht,n) and values V (B,Ht,T,n) against all n tokens."""
         WQ, WK, WV, WO = self.weights
-        B, M, D, d, T = xq.shape[0], self.M, self.D, self.d, self.T
-        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (M,D,d)
-        OV = torch.bmm(WO, WV)  # (M,T,D)
-        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
-        A[:d, :M] = KQx.permute(2, 0, 1)
-        A[d, M:] = OV.reshape(M * T, D)
+        B, Ht, D, d, T = xq.shape[0], self.Ht, self.D, self.d, self.T
+        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
+        OV = torch.bmm(WO, WV)  # (Ht,T,D)
+        A = KQx.new_zeros(d + 1, Ht * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
+        A[:d, :Ht] = KQx.permute(2, 0, 1)
+        A[d, Ht:] = OV.reshape(Ht * T, D)
         A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
-        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, M * (1 + T), D), Zt)
-        A1, dphi, norm = self._kernel(SV[:, :M])
-        # (B,M,D): sum_i A1_i z_i. Products with Z = Zt^T in this orientation (both operands
+        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, Ht * (1 + T), D), Zt)
+        A1, dphi, norm = self._kernel(SV[:, :Ht])
+        # (B,Ht,D): sum_i A1_i z_i. Products with Z = Zt^T in this orientation (both operands
         # contiguous) run several times faster on CPU than Zt @ A1^T, the same numbers transposed.
         G1 = torch.bmm(A1, Zt.transpose(1, 2))
         if T == 1:  # OV^T sum_i A1_i z_i = sum_i A1_i v_i
-            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,M,1)
+            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,Ht,1)
         else:
             yh = torch.einsum("bmd,mtd->bmt", G1, OV) * norm
-        return yh, (SV[:, M:].view(B, M, T, -1), A1, dphi, G1, norm)
+        return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
 
     def _predict_members(self, Z, xq):
         """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
@@ -248,7 +249,7 @@ class _Attention(Ensemble):
             A1, _, norm = self._kernel(S)
             return A1 * norm
 
-        yh = head_outputs(KQ, OV.view(self.M, self.D, self.T), Z[self.head_member], xq[self.head_member], weights)
+        yh = head_outputs(KQ, OV.view(self.Ht, self.D, self.T), Z[self.head_member], xq[self.head_member], weights)
         out = yh.new_zeros(self.K, *yh.shape[1:]).index_add_(0, self.head_member, yh)
         return out[..., 0] if self.T == 1 else out
 
@@ -270,7 +271,7 @@ class _Attention(Ensemble):
             self.flat.grad = torch.zeros_like(self.flat)
         gQ, gK, gV, gO = self.params(self.flat.grad).values()
         WQ, WK, WV, WO = self.weights
-        B, d, D, M, T = xq.shape[0], self.d, self.D, self.M, self.T
+        B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
         Zt = Z.transpose(1, 2)
         yh, (V, A1, dphi, G1, norm) = self._heads(Zt, xq)
         # gn = dL/dyh per head, up to the factor 2/(B T) (applied on the small tensors at the end),
@@ -281,10 +282,10 @@ class _Attention(Ensemble):
         if T == 1:  # gn is one number per head: scale after the product (as for the centring)
             err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
             loss = torch.mean(err.square(), 0, out=loss_out)
-            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,M,1)
+            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,Ht,1)
             A2 = V[:, :, 0] if dphi is None else V[:, :, 0] * dphi
             Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,M,D)
+            G2 = torch.bmm(A2, Z)  # (B,Ht,D)
             if self.centred:
                 G2 -= (G1 if self.exp_kernel else torch.bmm(dphi, Z)) * yh
             G2.mul_(gn)  # dL/du up to the constant factor
@@ -292,20 +293,20 @@ class _Attention(Ensemble):
             err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
             loss = err.square().mean((0, 2))
             loss = loss if loss_out is None else loss_out.copy_(loss)
-            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,M,T)
-            A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,M,n)
+            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,Ht,T)
+            A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,Ht,n)
             if dphi is not None:
                 A2 = A2.mul_(dphi)
             Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,M,D): dL/du up to the constant factor
+            G2 = torch.bmm(A2, Z)  # (B,Ht,D): dL/du up to the constant factor
             if self.centred:
                 G3 = G1 if self.exp_kernel else torch.bmm(dphi, Z)
                 G2 -= G3 * (gn * yh).sum(2, keepdim=True)
-        # dL/dP for P = W_O W_V = OV^T, (M,T,D)
+        # dL/dP for P = W_O W_V = OV^T, (Ht,T,D)
         dOV = ((G1 * gn).sum(0).unsqueeze(1) if T == 1
                else torch.einsum("bmd,bmt->mtd", G1, gn)).mul_(2 / (B * T))
         # u = KQx x_q with KQx = W_K^T W_Q[:, :, :d] / sqrt(D): chain into W_Q and W_K
-        dKQx = (xq.T @ G2.reshape(B, M * D)).view(d, M, D).permute(1, 2, 0).mul(2 / (B * T * math.sqrt(D)))
+        dKQx = (xq.T @ G2.reshape(B, Ht * D)).view(d, Ht, D).permute(1, 2, 0).mul(2 / (B * T * math.sqrt(D)))
         torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
         gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
         if T == 1:

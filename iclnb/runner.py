@@ -220,6 +220,12 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
+# the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
+# every start (the kernel is local, started by papermill on the loopback interface); a reader of
+# `iclnb run` should not see it. Errors of the kernel, and everything the notebook prints, still show.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
                 smoke: bool = False, log=print, preset: str | None = None) -> Result:
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
@@ -250,7 +256,8 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     error = ""
     try:
         pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
-                            kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False)
+                            kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False,
+                            extra_arguments=KERNEL_ARGUMENTS)
     except pm.PapermillExecutionError as e:
         error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
     finally:

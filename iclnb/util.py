@@ -155,9 +155,8 @@ def keep_freed_memory() -> None:
         pass
 
 
-@contextlib.contextmanager
-def cpu_threads(device: torch.device):
-    """Train on CPU with ``$ICLNB_THREADS`` intra-op threads (default 1), then restore.
+def thread_count() -> int:
+    """The library's CPU thread policy: ``$ICLNB_THREADS`` intra-op threads, default 1.
 
     The engine's tensors are small: a second OpenMP thread gains little on an idle machine and
     collapses when the cores are shared (its barriers wait for a busy core); one thread also
@@ -165,10 +164,24 @@ def cpu_threads(device: torch.device):
     """
     value = os.environ.get("ICLNB_THREADS", "1")
     check("ICLNB_THREADS", value, value.isdigit() and int(value) >= 1, "an integer >= 1")
+    return int(value)
+
+
+def use_threads(device="auto") -> None:
+    """Apply the thread policy (:func:`thread_count`) to the whole process when ``device`` is the
+    CPU: what a chapter calls once in its setup cell (its Monte Carlo runs outside training)."""
+    if resolve_device(device).type == "cpu":
+        keep_freed_memory()
+        torch.set_num_threads(thread_count())
+
+
+@contextlib.contextmanager
+def cpu_threads(device: torch.device):
+    """Train on CPU under the thread policy (:func:`thread_count`), then restore."""
     old = torch.get_num_threads()
     if device.type == "cpu":
         keep_freed_memory()
-        torch.set_num_threads(int(value))
+        torch.set_num_threads(thread_count())
     try:
         yield
     finally:
