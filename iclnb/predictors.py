@@ -1,9 +1,10 @@
 """Closed-form in-context predictors for linear regression and their risks.
 
 All predictors are batched: ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors on any
-device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
-``y_q = beta^T x_q + eps_q``, so every risk here contains the noise variance sigma^2 once
-(beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
+device -> predictions (B,) in X's dtype; with T outputs (labels ``y`` (B,n,T), as a multi-task
+prompt carries them) the linear predictors and the kernel sums give (B,T), one per output.
+Risks are against the **noisy** target ``y_q = beta^T x_q + eps_q``, so every risk here contains
+the noise variance sigma^2 once (beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
 
 * vanilla GD      y_hat = (eta/n) sum_i y_i x_i^T x_q
                   R(eta) = 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)   (exact, finite n)
@@ -58,6 +59,8 @@ __all__ = [
 def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
     """One GD step from 0 on the least-squares loss: (eta/n) sum_i y_i x_i^T x_q."""
     n = X.shape[-2]
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, X, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, X, xq)
 
 
@@ -78,6 +81,8 @@ def debiased_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta:
     """Debiased GD (paper eq. 4.11): (eta/n) sum_i y_i (x_i - x_bar)^T x_q, x_bar the context mean."""
     n = X.shape[-2]
     Xc = X - X.mean(dim=-2, keepdim=True)
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, Xc, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, Xc, xq)
 
 
@@ -118,6 +123,9 @@ def ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, lam: float
     """Ridge prediction x_q^T (X^T X + lam I)^{-1} X^T y (the posterior mean when lam = sigma2 d)."""
     d = X.shape[-1]
     A = X.transpose(-1, -2) @ X + lam * torch.eye(d, dtype=X.dtype, device=X.device)
+    if y.dim() == X.dim():  # T outputs: one ridge fit per output
+        beta = torch.linalg.solve(A, torch.einsum("bnd,bnt->bdt", X, y))
+        return torch.einsum("bdt,bd->bt", beta, xq)
     b = torch.einsum("bnd,bn->bd", X, y)
     beta = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1)
     return (beta * xq).sum(-1)
@@ -135,13 +143,19 @@ def _vec(a, ref: torch.Tensor) -> torch.Tensor:
 def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
     """Sum of kernel regressors (paper eq. 3.2): sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q).
 
-    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head).
+    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head); with
+    T outputs (y (B,n,T)) ``mu`` is (H, T): head h weighs label t by mu_h,t, giving (B,T).
     """
-    om, m = _vec(omega, X), _vec(mu, X)
-    if om.shape != m.shape:
-        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    om = _vec(omega, X)
     s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
     att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
+    if y.dim() == X.dim():  # T outputs
+        m = _vec(mu, X).view(om.numel(), -1)
+        check("mu", tuple(m.shape), m.shape == (om.numel(), y.shape[-1]), f"(H, T) = ({om.numel()}, {y.shape[-1]})")
+        return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+    m = _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return torch.einsum("h,bhn,bn->b", m, att, y)
 
 
