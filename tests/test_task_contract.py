@@ -74,3 +74,25 @@ def test_no_tensor_from_host_data_after_warm_up(name, params, monkeypatch):
         monkeypatch.setattr(torch, fn, forbidden)
     t.sample(4, _gen(0))
     sample_members(tasks, 4, [_gen(1), _gen(2)], "cpu", torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_sample_is_captured_in_a_cuda_graph(name, params):
+    """On CUDA, a warmed-up ``sample_members`` is captured in a graph as the engine captures its
+    step (iclnb.train.cuda_graph_capture), and replays."""
+    from iclnb.train import cuda_graph_capture
+
+    t = make_task(name, D_, N_, **params)
+    tasks = [t, t]
+    g = [torch.Generator(device="cuda").manual_seed(s) for s in (1, 2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the eager warm-up builds the constants
+        sample_members(tasks, 4, g, "cuda", torch.float32)
+    torch.cuda.current_stream().wait_stream(side)
+    out = {}
+    replay = cuda_graph_capture(lambda: out.update(p=sample_members(tasks, 4, g, "cuda", torch.float32)), g)
+    replay()
+    torch.cuda.synchronize()
+    assert out["p"].Z.shape == (2, 4, N_, D_ + t.outputs) and torch.isfinite(out["p"].Z).all()
