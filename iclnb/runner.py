@@ -223,6 +223,10 @@ def unformattable_glue(notebook: Path) -> str:
 
 
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
+# the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
+# every start (the kernel is local, started by papermill on the loopback interface); a reader of
+# `iclnb run` should not see it. Errors of the kernel, and everything the notebook prints, still show.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
@@ -266,7 +270,7 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
         with ChapterMonitor(output, log=log) if progress else contextlib.nullcontext():
             pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
                                 kernel_name="python3", progress_bar=not progress and sys.stderr.isatty(),
-                                log_output=False)
+                                log_output=False, extra_arguments=KERNEL_ARGUMENTS)
     except pm.PapermillExecutionError as e:
         error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
     finally:
