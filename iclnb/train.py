@@ -189,7 +189,7 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
         params = {k: v[:1] if isinstance(v, (list, tuple)) and len(v) == cfg.K else v for k, v in params.items()}
     else:
         seeds = cfg.member_seeds
-    outputs = type(cfg.tasks[0]).outputs
+    outputs = cfg.tasks[0].outputs
     return cls(cfg.d, heads=heads, outputs=outputs, seeds=seeds, device=device or cfg.device, dtype=cfg.dtype, **params)
 
 
