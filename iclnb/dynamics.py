@@ -235,12 +235,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     def rhs(_t, y):  # flow_rhs, checked once above
         return -0.5 * np.concatenate(_grad(y[:H], y[H:], c, d))
 
-    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
-    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
-                    atol=atol, dense_output=True)
-    if not sol.success:
-        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
-    w, m = sol.y[:H].T.copy(), sol.y[H:].T.copy()
+    sol, w, m = _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol)
     return Trajectory(t=sol.t, omega=w, mu=m, loss=np.asarray(approx_loss(w, m, n, d, sigma2)), n=n, d=d,
                       sigma2=float(sigma2), solver=f"{method}, rtol {rtol:g}, atol {atol:g}", dense=sol.sol)
 
@@ -428,6 +423,17 @@ def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[f
 
 
 # ------------------------------------------------------- plain gradient descent against the flow
+def _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol):
+    """solve_ivp of a flow in (omega, mu) with dense output: (solution, omega (steps, H), mu (steps, H))."""
+    H = w0.size
+    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
+    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
+                    atol=atol, dense_output=True)
+    if not sol.success:
+        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
+    return sol, sol.y[:H].T.copy(), sol.y[H:].T.copy()
+
+
 def flow_without_exp(omega0, mu0, t_end: float, sigma2: float, *, t_eval=None, num: int = 4001,
                      method: str = "DOP853", rtol: float = 1e-9, atol: float = 1e-12) -> Trajectory:
     """The null of the gradient flow: the flow of Ltilde/2 with its exp term dropped (c = 0),
@@ -448,12 +454,7 @@ def flow_without_exp(omega0, mu0, t_end: float, sigma2: float, *, t_eval=None, n
         r = 1.0 - w @ m
         return np.concatenate([m * r, w * r])
 
-    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
-    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
-                    atol=atol, dense_output=True)
-    if not sol.success:
-        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
-    w, m = sol.y[:H].T.copy(), sol.y[H:].T.copy()
+    sol, w, m = _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol)
     loss = 1.0 + sigma2 - 2.0 * (w * m).sum(1) + (w * m).sum(1) ** 2
     return Trajectory(t=sol.t, omega=w, mu=m, loss=loss, n=None, d=None, sigma2=float(sigma2),
                       solver=f"{method}, rtol {rtol:g}, atol {atol:g}", dense=sol.sol)
