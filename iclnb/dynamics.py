@@ -36,7 +36,7 @@ __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
     "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
     "established_at", "training_stages", "fit_time_scale", "flow_without_exp", "trajectory_gap", "gd_time",
-    "approx_loss_without_exp",
+    "approx_loss_without_exp", "stage1_timing",
 ]
 
 
@@ -487,3 +487,37 @@ def approx_loss_without_exp(omega, mu, sigma2: float):
     w, m = _pair(omega, mu)
     s = (w * m).sum(-1)
     return _out(1.0 + sigma2 - 2.0 * s + s**2)
+
+
+def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: float, log_every: int) -> dict:
+    """Stage I of plain gradient descent runs from one start, on the flow's clock, against the flow
+    of Ltilde/2 and its null (:func:`flow_without_exp`) from the same start.
+
+    ``omega_runs``, ``mu_runs``: (R, steps, H), R runs from one start (their first rows) on
+    independent prompt streams, logged at flow times ``t`` (:func:`gd_time`). Stage I is dated by
+    :func:`training_stages` on :func:`pattern_history` (inf when not established by the end).
+    Returns ``t_gd`` (R,), ``t_flow``, ``t_null`` and ``tol``, the tolerance of the runs' mean time:
+    the clock's relative error, 1/n (the terms Ltilde drops) + 2 lr (the discretisation), times
+    t_flow, plus one logging interval 2 lr log_every, plus 3 standard errors of the mean over the
+    runs (the batch noise); and the trajectories ``flow`` and ``null``.
+    """
+    check_real("lr", lr, strict=True)
+    check_int("log_every", log_every, 1)
+    W, M = _pair(omega_runs, mu_runs)
+    t = np.asarray(t, dtype=np.float64)
+    check("omega_runs", W.shape, W.ndim == 3 and W.shape[0] >= 2 and W.shape[1] == t.size,
+          f"an array (runs, steps, H) with at least 2 runs and {t.size} steps")
+
+    def stage1(w, m):
+        v = training_stages(pattern_history(w, m, steps=t))["stage_I"]
+        return np.inf if v is None else float(v)
+
+    flow = gradient_flow(W[0, 0], M[0, 0], t[-1], n, d, sigma2, t_eval=t)
+    null = flow_without_exp(W[0, 0], M[0, 0], t[-1], sigma2, t_eval=t)
+    t_gd = np.array([stage1(W[r], M[r]) for r in range(W.shape[0])])
+    t_flow = stage1(flow.omega, flow.mu)
+    with np.errstate(invalid="ignore"):
+        se = float(t_gd.std(ddof=1)) / np.sqrt(W.shape[0])
+    tol = (1.0 / n + 2.0 * lr) * t_flow + 2.0 * lr * log_every + 3.0 * se
+    return {"t_gd": t_gd, "t_flow": t_flow, "t_null": stage1(null.omega, null.mu), "tol": tol, "flow": flow,
+            "null": null}
