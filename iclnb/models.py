@@ -13,8 +13,9 @@ independent Adams (it is elementwise) and members never interact.
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
 another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS`` of
 :mod:`iclnb.circuits`) and ``linear``
-(linear attention), and chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
-matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+(linear attention), chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
+matrix per member) and chapter 3's ``kernel_sum`` (the sum of kernel regressors, per-head omega_h
+and mu_h as its parameters). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
