@@ -48,6 +48,12 @@ __all__ = [
     "pair_state",
     "circuit_predict",
     "HEAD_CLASSES",
+    "window",
+    "proportional_error",
+    "top_eigenspace",
+    "principal_angles",
+    "subspace_ratio",
+    "kernel_weights",
 ]
 
 HEAD_CLASSES = ("positive", "negative", "dummy")
@@ -299,3 +305,57 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "n_negative": classes.count("negative"),
         "n_dummy": classes.count("dummy"),
     }
+
+
+# ---- metrics of a kernel matrix M (chapters 4, 5): window, direction, subspace -----------------
+def window(M) -> float:
+    """The scale w = trace(M) / d of a kernel matrix M (d, d): M = w I is a Gaussian window of
+    bandwidth w^(-1/2) on the sphere, so w is the inverse window size."""
+    M = _np(M)
+    return float(np.trace(M)) / M.shape[-1]
+
+
+def proportional_error(M, target=None) -> tuple[float, float]:
+    """(c, e): the least-squares multiple c T of ``target`` T (default I) closest to M and the
+    relative distance e = |M - c T|_F / |M|_F (0: a multiple of T; about 1: unrelated)."""
+    M = _np(M)
+    T = np.eye(M.shape[-1]) if target is None else _np(target)
+    c = float((M * T).sum() / (T * T).sum())
+    norm = float(np.linalg.norm(M))
+    return c, float(np.linalg.norm(M - c * T) / norm) if norm > 0 else float("nan")
+
+
+def top_eigenspace(M, k: int) -> np.ndarray:
+    """An orthonormal basis (d, k) of the eigenvectors of the symmetric part (M + M^T) / 2 with
+    the k largest |eigenvalues|."""
+    M = _np(M)
+    check("k", k, isinstance(k, int) and 1 <= k <= M.shape[-1], f"an integer in [1, {M.shape[-1]}]")
+    e, V = np.linalg.eigh((M + M.T) / 2)
+    return V[:, np.argsort(-np.abs(e), kind="stable")[:k]]
+
+
+def principal_angles(M, B) -> np.ndarray:
+    """Principal angles (k,) in radians, ascending, between col(B) (B (d, k), any basis) and the
+    top-|eigenvalue| k-eigenspace of the symmetric part of M (0: the subspace is recovered)."""
+    B = _np(B)
+    B = B.reshape(-1, 1) if B.ndim == 1 else B
+    Q, _ = np.linalg.qr(B)
+    s = np.linalg.svd(top_eigenspace(M, Q.shape[1]).T @ Q, compute_uv=False)
+    return np.sort(np.arccos(np.clip(s, -1.0, 1.0)))
+
+
+def subspace_ratio(M, B) -> float:
+    """|B_perp^T M B_perp|_F / |B^T M B|_F: the weight M puts outside col(B) (B orthonormal,
+    (d, k)) against the weight inside (0: M = B C B^T)."""
+    M, B = _np(M), _np(B)
+    P = np.eye(M.shape[-1]) - B @ B.T
+    inside = float(np.linalg.norm(B.T @ M @ B))
+    return float(np.linalg.norm(P @ M @ P)) / inside if inside > 0 else float("inf")
+
+
+def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
+    """Attention weights softmax_i(x_i^T M x_q) (B, n) for X (B,n,d), xq (B,d); M a matrix or a
+    number w (M = w I)."""
+    M = torch.as_tensor(M, dtype=X.dtype, device=X.device)
+    u = xq * M if M.dim() == 0 else xq @ M.T
+    return torch.softmax((X @ u.unsqueeze(-1))[..., 0], -1)

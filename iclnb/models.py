@@ -12,8 +12,8 @@ independent Adams (it is elementwise) and members never interact.
 
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
 another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS``) and ``linear``
-(linear attention); :mod:`iclnb.lipschitz` adds chapter 4's kernel units ``kernel`` and
-``kernel_linear`` (one matrix M per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+(linear attention), and chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
+matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype
+from .circuits import proportional_error
+from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype, rowdot
 
 MODELS: dict[str, type] = {}
 
@@ -383,3 +384,70 @@ class LinearAttention(_Attention):
 
     def _kernel(self, S):
         return S, None, 1.0 / self.n_train
+
+
+# ---- the kernel-attention unit (chapters 4, 5) ------------------------------------------------
+class _KernelUnit(Ensemble):
+    """K units read at the query, one d x d matrix each: Wm = M_K^T M_Q (``factorized``, the
+    paper's training form) or Wm itself. Init: M_K, M_Q ~ U(-1/sqrt(d), 1/sqrt(d)) (nn.Linear's
+    default); the direct form starts at the same matrix. Logs it ("M"), its scale
+    w = trace / d and :func:`iclnb.circuits.proportional_error` to w I ("iso")."""
+
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, factorized=True):
+        check("factorized", factorized, isinstance(factorized, bool), "True or False")
+        check_int("outputs", outputs, 1, 1)
+        self.factorized = factorized
+        super().__init__(d, heads, outputs, seeds, device, dtype)
+        check("heads", self.heads, all(h == 1 for h in self.heads), "1 per member (the unit has no heads)")
+
+    def layout(self):
+        K, d = self.K, self.d
+        return [("MK", (K, d, d)), ("MQ", (K, d, d))] if self.factorized else [("M", (K, d, d))]
+
+    def init_member(self, k, gen, views):
+        A = (torch.rand(2, self.d, self.d, generator=gen, dtype=torch.float64) * 2 - 1) / math.sqrt(self.d)
+        if self.factorized:
+            views["MK"][k], views["MQ"][k] = A[0], A[1]
+        else:
+            views["M"][k] = A[0].T @ A[1]
+
+    def matrix(self) -> torch.Tensor:
+        """The kernel matrices (K, d, d) of every member; differentiable."""
+        p = self.params()
+        return torch.bmm(p["MK"].transpose(1, 2), p["MQ"]) if self.factorized else p["M"]
+
+    def _scores(self, Z, xq):
+        """Scores x_i^T Wm x_q (K,B,n) and labels, for Z (B,n,D) shared or (K,B,n,D) per member."""
+        d = self.d
+        u = torch.matmul(xq, self.matrix().transpose(1, 2))  # (K,B,d): Wm x_q
+        return rowdot(Z[..., :d], u.unsqueeze(-2)), Z[..., d]
+
+    def snapshot(self):
+        return {"M": self.matrix()}
+
+    def member_log(self, logs, k):
+        W = logs["M"][:, k].copy()
+        w = np.trace(W, axis1=1, axis2=2) / self.d
+        return {"M": W, "w": w, "iso": np.array([proportional_error(m)[1] for m in W])}
+
+
+@register
+class KernelAttention(_KernelUnit):
+    """f_hat(x_q) = sum_i y_i softmax_i(x_i^T M x_q) (Collins et al., eq. 2)."""
+
+    name = "kernel"
+
+    def predict(self, Z, xq):
+        s, y = self._scores(Z, xq)
+        return (torch.softmax(s, -1) * y).sum(-1)
+
+
+@register
+class KernelLinearAttention(_KernelUnit):
+    """f_hat(x_q) = (1/n) sum_i y_i x_i^T M x_q, n the prompt's own length."""
+
+    name = "kernel_linear"
+
+    def predict(self, Z, xq):
+        s, y = self._scores(Z, xq)
+        return (s * y).mean(-1)

@@ -9,7 +9,7 @@ from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
 is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
 outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
-the device type and the library version).
+the device type, the library version and the source of the modules that produce a run).
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
 parameters after s updates (on a fresh batch), and what the model's ``snapshot`` declares
@@ -35,7 +35,6 @@ import torch
 
 import iclnb
 
-from . import lipschitz  # noqa: F401  (registers chapter 4's task and kernel models)
 from .models import MODELS
 from .tasks import Task, make_task, sample_members
 from .util import (
@@ -378,10 +377,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
 
 
+_RUN_SOURCES = ("tasks", "models", "train", "util")  # the modules whose code produces a run
+
+
+def _source_hash() -> str:
+    """sha256 of the source of the modules that produce a run (:data:`_RUN_SOURCES`): an edited
+    sampler, model or loop keys new cache entries instead of reloading stale runs."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        h = hashlib.sha256()
+        for name in _RUN_SOURCES:
+            h.update(Path(sys.modules[f"iclnb.{name}"].__file__).read_bytes())
+        _SOURCE_HASH = h.hexdigest()[:16]
+    return _SOURCE_HASH
+
+
+_SOURCE_HASH = None
+
+
 def _canonical(cfg: TrainConfig, device: torch.device) -> str:
-    """The cache identity: the full config, the device type it ran on and the library version."""
-    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__},
-                      sort_keys=True, separators=(",", ":"))
+    """The cache identity: the full config, the device type it ran on, the library version and
+    the hash of the source that produces a run."""
+    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__,
+                       "source": _source_hash()}, sort_keys=True, separators=(",", ":"))
 
 
 def cache_path(cfg: TrainConfig) -> Path:
