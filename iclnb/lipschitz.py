@@ -25,8 +25,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
 from .models import MODELS
+from .tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
 from .util import check, check_int, check_real, check_reals, generator
 
 

@@ -15,8 +15,8 @@ from iclnb import lipschitz as lp
 from iclnb.models import MODELS
 from iclnb.predictors import mc_risk
 from iclnb.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
-from iclnb.util import power_law_fit, rank_correlation
 from iclnb.train import TrainConfig, train
+from iclnb.util import power_law_fit, rank_correlation
 
 F64 = torch.float64
 KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]
@@ -214,7 +214,8 @@ def test_rank_correlation_ties():
     assert rank_correlation([0.125, 0.25, 0.5, 1, 2, 4], [3.0] * 6) == 0.0
     assert rank_correlation([5, 5, 5], [1, 2, 3]) == 0.0
     # Spearman with average ranks: Pearson of ranks (0, 1, 2, 3) and (0.5, 0.5, 2, 3)
-    assert rank_correlation([1, 2, 3, 4], [1, 1, 2, 3]) == pytest.approx(np.corrcoef([0, 1, 2, 3], [0.5, 0.5, 2, 3])[0, 1])
+    expected = np.corrcoef([0, 1, 2, 3], [0.5, 0.5, 2, 3])[0, 1]
+    assert rank_correlation([1, 2, 3, 4], [1, 1, 2, 3]) == pytest.approx(expected)
     assert rank_correlation([1, 2, 3, 4], [7, 7, 7, 8]) > 0  # a tie then a rise: positive, not 1
 
 
