@@ -268,6 +268,14 @@ def cuda_graph_capture(fn, generators=()):
     return graph.replay
 
 
+def _members(heads: tuple) -> str:
+    """The ensemble in a few words: "heads=[1, 2, 4]", or "20 members (H=1)" for long lists."""
+    if len(heads) <= 6:
+        return f"heads={list(heads)}"
+    hs = sorted(set(heads))
+    return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
+
+
 def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
     """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
 
@@ -300,7 +308,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
                 f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
-    desc, started = f"{cfg.model} heads={list(cfg.heads)}", time.perf_counter()
+    desc, started = f"{cfg.model} {_members(cfg.heads)}", time.perf_counter()
     if show:
         from tqdm import tqdm
 
