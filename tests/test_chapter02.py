@@ -22,3 +22,36 @@ def test_chapter02_smoke(smoke_run):
     for c in claims.values():
         if c["kind"] in ("check", "finding"):
             assert c["null"] and c["null_value"] is not None and c["basis"], c["id"]
+
+
+def test_metrics_of_heads_keeps_the_given_classes():
+    import numpy as np
+
+    from iclnb import circuits
+
+    d = 3
+    kq = np.zeros((3, d + 1, d + 1))
+    kq[0, :d, :d], kq[1, :d, :d] = 0.2 * np.eye(d), -0.1 * np.eye(d)
+    kq[2] = np.ones((d + 1, d + 1))  # not diagonal; dummy below, so left out
+    ov = np.zeros((3, d + 1))
+    ov[:, -1] = [2.0, -3.0, 1e-6]
+    m = circuits.metrics_of_heads(kq, ov, ["positive", "negative", "dummy"])
+    assert m["min_diag_ratio"] == 1.0 and m["max_last_row_ratio"] == 0.0
+    assert m["omega_spread"] == 2.0 and m["sign_match"] == 1.0 and m["n_live"] == 2
+    assert abs(m["mu_balance"] - (1 - 1e-6) / (5 + 1e-6)) < 1e-12
+    # the same circuits with head 3 called live: its non-diagonal block counts now
+    assert circuits.metrics_of_heads(kq, ov, ["positive"] * 3)["min_diag_ratio"] < 0.6
+
+
+def test_authors_omega_factor_and_gd_retuned():
+    import math
+
+    import torch
+
+    from iclnb import circuits, predictors as pr
+
+    assert abs(circuits.authors_omega_factor(5) - math.sqrt(6 / 7)) < 1e-15
+    X, y, xq = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64), \
+        torch.randn(4, 5, dtype=torch.float64)
+    got = pr.gd_retuned(5, 0.1)(7)(X, y, xq)
+    assert torch.allclose(got, pr.gd_predict(X, y, xq, pr.gd_optimal_step(7, 5, 0.1)))
