@@ -28,7 +28,7 @@ import torch
 from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
-from .circuits import classify_heads
+from .circuits import classify_heads, diag_ratio
 from .tasks import LinearRegression
 from .util import check, check_int, check_real, check_regression
 
@@ -194,7 +194,8 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
 # ------------------------------------------------------------------------------ gradient flow
 @dataclass
 class Trajectory:
-    """A gradient-flow solution sampled at times ``t`` (T,): ``omega``, ``mu`` (T, H), ``loss`` (T,) = Ltilde."""
+    """A gradient-flow solution sampled at times ``t`` (steps,): ``omega``, ``mu`` (steps, H),
+    ``loss`` (steps,) = Ltilde."""
 
     t: np.ndarray
     omega: np.ndarray
@@ -310,7 +311,7 @@ def ode_phases(traj: Trajectory, rate_frac: float = 0.9, ratio_tol: float = 0.01
 # ---------------------------------------------------------------------- patterns over training
 @dataclass
 class Patterns:
-    """Pattern metrics at each logged step (T,) of one model (see :func:`pattern_history`)."""
+    """Pattern metrics at each logged step (steps,) of one model (see :func:`pattern_history`)."""
 
     steps: np.ndarray
     sign_match: np.ndarray  # fraction of live heads with sign(omega_h) = sign(mu_h)
@@ -318,28 +319,31 @@ class Patterns:
     spread: np.ndarray  # max / min of |omega_h| over live heads (1 = homogeneous KQ scaling)
     diag_ratio: np.ndarray | None  # min over live heads of ||diag KQ[:d,:d]|| / ||KQ[:d,:d]||_F (needs kq)
     n_live: np.ndarray  # number of live heads
-    live: np.ndarray  # (T, H) bool
+    live: np.ndarray  # (steps, H) bool
 
 
-def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05) -> Patterns:
-    """The pattern metrics of section 4.2 over training, from omega (T, H), mu (T, H) and optionally KQ (T, H, D, D).
+def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05,
+                    outputs: int = 1) -> Patterns:
+    """The pattern metrics of section 4.2 over training, from omega (steps, H), mu (steps, H) and
+    optionally KQ (steps, H, D, D).
 
     A head is **live** when ``iclnb.circuits.classify_heads`` does not call it dummy (its
     |omega_h mu_h| is at least ``dummy_frac`` of the largest head's), judged at each logged step
     (``live="step"``) or once at the last step for the whole history (``live="final"``: the
-    paper's exclusion of the heads that end as dummies). The diag ratio uses KQ[:d, :d] only (the
-    last column multiplies the query's always-zero label slot), as ``circuits.circuit_metrics``.
+    paper's exclusion of the heads that end as dummies). The diag ratio
+    (:func:`iclnb.circuits.diag_ratio`) uses KQ[:d, :d] only, d = D - ``outputs`` (the last
+    columns multiply the query's always-zero label slots), as ``circuits.circuit_metrics``.
     With no live head the sign fraction, spread and diag ratio are NaN.
     """
     w, m = _pair(omega, mu)
-    check("omega", w.shape, w.ndim == 2, "an array (T, H): one row per logged step")
-    T, H = w.shape
-    steps = np.arange(T) if steps is None else np.asarray(steps)
-    check("steps", steps.shape, steps.shape == (T,), f"a vector of {T} logged steps")
+    check("omega", w.shape, w.ndim == 2, "an array (steps, H): one row per logged step")
+    n_log, H = w.shape
+    steps = np.arange(n_log) if steps is None else np.asarray(steps)
+    check("steps", steps.shape, steps.shape == (n_log,), f"a vector of {n_log} logged steps")
     check("live", live, live in ("step", "final"), "'step' or 'final'")
-    judged = [T - 1] if live == "final" else range(T)
+    judged = [n_log - 1] if live == "final" else range(n_log)
     rows = [np.array(classify_heads(w[i], m[i], dummy_frac)) != "dummy" for i in judged]
-    alive = np.broadcast_to(np.array(rows), (T, H)).copy()
+    alive = np.broadcast_to(np.array(rows), (n_log, H)).copy()
     n_live = alive.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         match = (np.sign(w) == np.sign(m)) & (w != 0)
@@ -350,12 +354,9 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
     diag = None
     if kq is not None:
         K = _arr("kq", kq)
-        check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (T, H) and K.shape[2] == K.shape[3] >= 2,
-              f"an array (T, H, D, D) with T = {T}, H = {H}")
-        dd = K.shape[-1] - 1
-        block = K[..., :dd, :dd]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
+        check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (n_log, H) and K.shape[2] == K.shape[3] >= 2,
+              f"an array (steps, H, D, D) with n_log = {n_log}, H = {H}")
+        r = diag_ratio(K, K.shape[-1] - outputs)
         diag = np.where(n_live > 0, np.where(alive, r, np.inf).min(1), np.nan)
     return Patterns(steps=steps, sign_match=sign, zero_sum=zero, spread=spread, diag_ratio=diag, n_live=n_live,
                     live=alive)
@@ -418,7 +419,7 @@ def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[f
     check_real("frac", frac, strict=True)
     w = _arr("omega", omega)
     steps = np.asarray(steps, dtype=np.float64)
-    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (T, H) with T = {steps.size}")
+    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (steps, H) with n_log = {steps.size}")
     h1, h2 = _landmarks(steps, np.abs(w).mean(1), frac)
     o1, o2 = _landmarks(traj.t, np.abs(traj.omega).mean(1), frac)
     s = (o2 - o1) / (h2 - h1)

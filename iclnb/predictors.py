@@ -1,9 +1,10 @@
 """Closed-form in-context predictors for linear regression and their risks.
 
 All predictors are batched: ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors on any
-device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
-``y_q = beta^T x_q + eps_q``, so every risk here contains the noise variance sigma^2 once
-(beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
+device -> predictions (B,) in X's dtype; with T outputs (labels ``y`` (B,n,T), as a multi-task
+prompt carries them) the linear predictors and the kernel sums give (B,T), one per output.
+Risks are against the **noisy** target ``y_q = beta^T x_q + eps_q``, so every risk here contains
+the noise variance sigma^2 once (beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
 
 * vanilla GD      y_hat = (eta/n) sum_i y_i x_i^T x_q
                   R(eta) = 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)   (exact, finite n)
@@ -26,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .tasks import Task
+from .tasks import Task, sample_members
 from .util import check, check_int, check_real, check_regression, generator
 
 __all__ = [
@@ -59,6 +60,8 @@ __all__ = [
 def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
     """One GD step from 0 on the least-squares loss: (eta/n) sum_i y_i x_i^T x_q."""
     n = X.shape[-2]
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, X, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, X, xq)
 
 
@@ -79,6 +82,8 @@ def debiased_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta:
     """Debiased GD (paper eq. 4.11): (eta/n) sum_i y_i (x_i - x_bar)^T x_q, x_bar the context mean."""
     n = X.shape[-2]
     Xc = X - X.mean(dim=-2, keepdim=True)
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, Xc, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, Xc, xq)
 
 
@@ -119,6 +124,9 @@ def ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, lam: float
     """Ridge prediction x_q^T (X^T X + lam I)^{-1} X^T y (the posterior mean when lam = sigma2 d)."""
     d = X.shape[-1]
     A = X.transpose(-1, -2) @ X + lam * torch.eye(d, dtype=X.dtype, device=X.device)
+    if y.dim() == X.dim():  # T outputs: one ridge fit per output
+        beta = torch.linalg.solve(A, torch.einsum("bnd,bnt->bdt", X, y))
+        return torch.einsum("bdt,bd->bt", beta, xq)
     b = torch.einsum("bnd,bn->bd", X, y)
     beta = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1)
     return (beta * xq).sum(-1)
@@ -136,13 +144,19 @@ def _vec(a, ref: torch.Tensor) -> torch.Tensor:
 def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
     """Sum of kernel regressors (paper eq. 3.2): sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q).
 
-    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head).
+    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head); with
+    T outputs (y (B,n,T)) ``mu`` is (H, T): head h weighs label t by mu_h,t, giving (B,T).
     """
-    om, m = _vec(omega, X), _vec(mu, X)
-    if om.shape != m.shape:
-        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    om = _vec(omega, X)
     s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
     att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
+    if y.dim() == X.dim():  # T outputs
+        m = _vec(mu, X).view(om.numel(), -1)
+        check("mu", tuple(m.shape), m.shape == (om.numel(), y.shape[-1]), f"(H, T) = ({om.numel()}, {y.shape[-1]})")
+        return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+    m = _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return torch.einsum("h,bhn,bn->b", m, att, y)
 
 
@@ -217,17 +231,18 @@ def _finish(errs: list, return_se: bool):
     return (risk, se) if return_se else risk
 
 
-def _sq_err(yhat, yq) -> torch.Tensor:
-    """Squared errors (..., B), averaged over outputs for multi-output targets (B, T)."""
+def _sq_err(yhat, yq, outputs: int = 1) -> torch.Tensor:
+    """Squared errors (..., B), averaged over the T = ``outputs`` label slots of multi-output
+    targets (..., B, T)."""
     e = (yhat - yq) ** 2
-    if yq.dim() == 2:
+    if outputs > 1:
         e = e.mean(-1)
     return e.to("cpu", torch.float64)
 
 
 def mc_risk(
-    predict: Callable,
-    task: Task,
+    predict,
+    task,
     prompts=None,
     num_prompts: int = 100_000,
     chunk: int | None = None,
@@ -238,11 +253,15 @@ def mc_risk(
     stream: str = "mc_risk",
 ):
     """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.tasks`` task; for
-    noisy targets sigma^2 is included once).
+    noisy targets sigma^2 is included once; for T outputs the mean over the T slots).
 
     ``predict(X, y, xq)`` returns (B,) predictions, or (K,B) for an ensemble of K models (every
-    model of ``iclnb.models`` is such a function). ``prompts`` are given :class:`~iclnb.tasks.Prompts`;
-    when omitted, ``num_prompts`` prompts are drawn from ``task`` chunk by chunk with a generator
+    model of ``iclnb.models`` is such a function), or (..., B, T) for T outputs; a dict of such
+    functions is evaluated on the same prompts and gives a dict of risks. ``task`` is one task
+    (every member on the same prompts) or a list of K tasks, one per member of an ensemble:
+    member k then gets its own prompts of ``task[k]`` (X (K,B,n,d)), drawn with
+    ``derive_seed(seed, stream, k)``. ``prompts`` are given :class:`~iclnb.tasks.Prompts` (one
+    task only); when omitted, ``num_prompts`` prompts are drawn chunk by chunk with a generator
     seeded by ``derive_seed(seed, stream)`` (name the stream, e.g. "validation" or "test", so
     that different evaluations never share prompts). Evaluation runs in chunks of ``chunk`` prompts
     (default: about 10^6 context tokens) under ``torch.no_grad``; the same arguments give the
@@ -251,13 +270,31 @@ def mc_risk(
     Returns the risk (float, or numpy (K,) for an ensemble); with ``return_se=True`` a pair
     (risk, standard error).
     """
-    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
-    g = None if prompts is not None else generator(seed, stream, device=device)
-    errs = []
+    tasks = list(task) if isinstance(task, (list, tuple)) else [task]
+    for t in tasks:
+        check("task", type(t).__name__, isinstance(t, Task), "an iclnb.tasks.Task or a list of them")
+    check("task", len(tasks), len(tasks) >= 1, "at least one task")
+    fns = dict(predict) if isinstance(predict, dict) else {None: predict}
+    errs = {k: [] for k in fns}
+    outputs = tasks[0].outputs
     with torch.no_grad():
-        for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
-            errs.append(_sq_err(predict(p.X, p.y, p.xq), p.yq))
-    return _finish(errs, return_se)
+        if isinstance(task, (list, tuple)):
+            check("prompts", prompts, prompts is None, "None with a list of tasks (they are drawn per member)")
+            check_int("num_prompts", num_prompts, 2)
+            gens = [generator(seed, stream, k, device=device) for k in range(len(tasks))]
+            size, left = _chunk(chunk, tasks[0].n), int(num_prompts)
+            while left > 0:
+                p = sample_members(tasks, min(size, left), gens, device, dtype)
+                for k, f in fns.items():
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+                left -= min(size, left)
+        else:
+            g = None if prompts is not None else generator(seed, stream, device=device)
+            for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+                for k, f in fns.items():
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+    out = {k: _finish(e, return_se) for k, e in errs.items()}
+    return out[None] if None in out else out
 
 
 def relative_mse(pred: torch.Tensor, ref: torch.Tensor) -> np.ndarray | float:
@@ -326,7 +363,7 @@ def risk_curve(
         with torch.no_grad():
             for p in _batches(t, None, num_prompts, _chunk(chunk, n), g, device, dtype):
                 for k in names:
-                    errs[k].append(_sq_err(fns[k](p.X, p.y, p.xq), p.yq))
+                    errs[k].append(_sq_err(fns[k](p.X, p.y, p.xq), p.yq, t.outputs))
         for a, b in pairs:
             errs[f"{a}-{b}"] = [ea - eb for ea, eb in zip(errs[a], errs[b])]
         for k in keys:

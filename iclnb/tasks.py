@@ -17,8 +17,10 @@ Registered tasks (``TASKS``):
 * ``softmax_regression`` (chapter 1): rows a_i ~ N(0, I_d), a hidden x* ~ N(0, s^2 I/d),
   b = softmax(A x*); tokens [a_i; n b_i - 1]; the query a_q ~ N(0, I_d) has target a_q^T x*
   (Li, Song, Xia, Yu, Zhou 2023).
-* ``lipschitz`` (chapter 4, registered by :mod:`iclnb.lipschitz`): sphere covariates, affine /
-  ReLU / cosine functions with Lipschitz constant L, label noise sigma (Collins et al. 2024).
+* ``lipschitz`` (chapters 4, 5): covariates (sphere or Gaussian, optionally correlated) -> a
+  direction w in the span of an orthonormal B (d x k; all of R^d by default) -> a function of
+  w^T u: affine / ReLU / cosine classes with Lipschitz constant L (chapter 4) or the fixed links
+  of chapter 5 (linear, shifted, quadratic, cos4); label noise sigma (Collins et al. 2024).
 
 A new task subclasses :class:`Task`, implements ``sample`` (and ``validate`` for its own
 parameters) and is added with :func:`register`.
@@ -32,7 +34,7 @@ from typing import ClassVar
 
 import torch
 
-from .util import check, check_choice, check_int, check_real, is_real, resolve_device
+from .util import check, check_choice, check_int, check_real, derive_seed, is_real, resolve_device, rowdot
 
 TASKS: dict[str, type] = {}
 
@@ -93,7 +95,17 @@ class Prompts:
 
 @dataclass(frozen=True)
 class Task:
-    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token."""
+    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token.
+
+    A task implements ``sample(batch, generator, device, dtype) -> Prompts`` and keeps the
+    contract that ``tests/test_task_contract.py`` checks for every registered task: tokens
+    (B, n, d + outputs), the same generator state gives the same prompts, a member sampled inside
+    an ensemble (:func:`sample_members`, ``sample_many``) equals the task sampled alone, and
+    ``sample`` makes no tensor from host data (``torch.tensor``, ``as_tensor``, numpy) once warmed
+    up: on CUDA the training step is a captured graph, where a host-to-device copy is not allowed.
+    Per-task constants come from :func:`constant`. ``outputs`` is read from the instance
+    (``task.outputs``), so a task may set it per instance.
+    """
 
     d: int = 5
     n: int = 40
@@ -245,3 +257,212 @@ class SoftmaxRegression(Task):
     def sample(self, batch, generator=None, device="cpu", dtype=torch.float32) -> Prompts:
         t = self.draw(batch, 1, generator, device, dtype)
         return Prompts(self.tokens(t["A"], t["b"]), t["Aq"][:, 0], t["yq"][:, 0], {"b": t["b"], "x_star": t["x_star"]})
+
+
+# ---- functions of one direction: Lipschitz classes (chapter 4), low-rank links (chapter 5) -----
+CLASSES = ("affine", "relu", "cosine")  # random functions with Lipschitz constant L (chapter 4)
+LINKS = ("linear", "shifted", "quadratic", "cos4")  # the fixed links g of chapter 5 (times L)
+FUNCTIONS = CLASSES + LINKS
+COVARIATES = ("sphere", "gaussian")
+_LINK_SLOPE = {"linear": 1.0, "shifted": 1.0, "quadratic": 2.0, "cos4": 4.0}  # sup |g'| on [-1, 1]
+
+
+def function_values(function: str, L, t, c):
+    """f on projections t = w^T u (K,B,m), coefficients c (K,B,3) uniform on [-1, 1], L (K,1,1).
+
+    Classes: affine: L t + b, b = L c_2;  relu: l1 (t)_+ + l2 (-t)_+ + b, (l1, l2, b) = L c (the
+    slides' F_L^+);  cosine: cos(L t + phi), phi = pi (c_0 + 1) uniform on [0, 2 pi).
+    Links (c unused): linear L t;  shifted L (t + 2);  quadratic L t^2;  cos4 L cos(4 t).
+    """
+    if function == "affine":
+        return L * t + L * c[..., 2:3]
+    if function == "relu":
+        return L * (c[..., 0:1] * t.clamp(min=0) - c[..., 1:2] * t.clamp(max=0) + c[..., 2:3])
+    if function == "cosine":
+        return torch.cos(L * t + math.pi * (c[..., 0:1] + 1))
+    if function == "linear":
+        return L * t
+    if function == "shifted":
+        return L * (t + 2.0)
+    if function == "quadratic":
+        return L * t.square()
+    return L * torch.cos(4.0 * t)
+
+
+def random_subspace(d: int, k: int, seed: int) -> torch.Tensor:
+    """An orthonormal B (d, k), float64, uniform on the Grassmannian: the Q factor (signs fixed by
+    R's diagonal) of a Gaussian d x k matrix drawn from ``derive_seed(seed, "subspace", d, k)``."""
+    check_int("rank", k, 1, d)
+    g = torch.Generator().manual_seed(derive_seed(seed, "subspace", d, k))
+    Q, R = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))
+    return Q * torch.sign(torch.diagonal(R)).where(torch.diagonal(R) != 0, torch.ones(k, dtype=torch.float64))
+
+
+@register
+@dataclass(frozen=True)
+class LipschitzRegression(Task):
+    """Prompts of f(u) = g(w^T u): covariates -> a direction w in col(B) -> a function of w^T u.
+
+    Covariates: u_i uniform on S^(d-1) (``covariates="gaussian"``: N(0, I/d), the same second
+    moment); x_i = Sigma^(1/2) u_i with Sigma_ij = rho^|i-j| (``rho=0``: x = u). Direction: per
+    prompt a ~ U(S^(k-1)) and w = B a, B (d, k) orthonormal (:attr:`subspace`, drawn from
+    ``subspace_seed``; ``rank=0``: B = I, w uniform on S^(d-1)). Function of t = w^T u
+    (``function``), in u:
+
+    * classes (chapter 4), each with sup Lip(f) = L: ``affine`` f = L t + b, b ~ U[-L, L];
+      ``relu`` f = l1 (t)_+ + l2 (-t)_+ + b, l1, l2, b ~ U[-L, L] (the slides' F_L^+,
+      Lip f = max(|l1|, |l2|)); ``cosine`` f = cos(L t + phi), phi ~ U[0, 2 pi) (L the frequency).
+      The paper's affine and cosine parameterisations are not recovered; these are our choices.
+    * links (chapter 5), f = L g(t): ``linear`` g = t (= a^T B^T u), ``shifted`` g = t + 2 (the
+      paper's affine link), ``quadratic`` g = t^2, ``cos4`` g = cos(4 t).
+
+    Context labels y_i = f(u_i) + sigma eps_i; the target y_q = f(u_q) is noiseless.
+    """
+
+    function: str = "relu"  # one of FUNCTIONS
+    L: float = 1.0  # Lipschitz constant (classes), factor on the link (links)
+    sigma: float = 0.1  # label-noise standard deviation
+    covariates: str = "sphere"  # one of COVARIATES
+    rho: float = 0.0  # Sigma_ij = rho^|i-j|; 0: isotropic
+    rank: int = 0  # k, the rank of the direction's subspace B; 0: B = I (every direction)
+    subspace_seed: int = 0  # seeds B (when rank is 1 or more)
+    name: ClassVar[str] = "lipschitz"
+
+    def validate(self):
+        check_choice("function", self.function, FUNCTIONS)
+        check_real("L", self.L, strict=True)
+        check_real("sigma", self.sigma)
+        check_choice("covariates", self.covariates, COVARIATES)
+        check_rho(self.rho)
+        check_int("rank", self.rank, 0, self.d)
+        check_int("subspace_seed", self.subspace_seed, 0)
+
+    @property
+    def covariance(self) -> torch.Tensor:
+        """Sigma (d, d), float64 (of u: I/d on the sphere; of x: Sigma / d)."""
+        return kms_covariance(self.d, self.rho)
+
+    @property
+    def sqrt_covariance(self) -> torch.Tensor:
+        """The symmetric square root Sigma^(1/2), float64."""
+        e, V = torch.linalg.eigh(self.covariance)
+        return (V * e.sqrt()) @ V.T
+
+    @property
+    def subspace(self) -> torch.Tensor:
+        """B (d, k), float64, orthonormal: the directions w = B a span its columns (I for rank 0)."""
+        if self.rank == 0:
+            return torch.eye(self.d, dtype=torch.float64)
+        return random_subspace(self.d, self.rank, self.subspace_seed)
+
+    def f(self, info: dict, U: torch.Tensor) -> torch.Tensor:
+        """Values (B, m) of the drawn functions ``info`` (from :meth:`sample`) at whitened
+        covariates U (B, m, d)."""
+        t = rowdot(U, info["w"][:, None, :])
+        return function_values(self.function, torch.as_tensor(self.L, dtype=U.dtype), t, info["coef"])
+
+    def lipschitz(self, info: dict) -> torch.Tensor:
+        """Lip(f) in u (B,) of every drawn function (for the links: L sup |g'| on [-1, 1])."""
+        c = info["coef"]
+        if self.function == "relu":
+            return self.L * torch.maximum(c[:, 0].abs(), c[:, 1].abs())
+        return torch.full_like(c[:, 0], self.L * _LINK_SLOPE.get(self.function, 1.0))
+
+    def sample(self, batch, generator=None, device="cpu", dtype=torch.float32) -> Prompts:
+        p, info = _lipschitz_prompts([self], batch, [generator], device, dtype, with_info=True)
+        return Prompts(p.Z[0], p.xq[0], p.yq[0], {k: v[0] for k, v in info.items()})
+
+    @classmethod
+    def sample_many(cls, tasks, batch, generators, device, dtype) -> Prompts:
+        """Every member's prompts from its own task and generator, stacked (K, B, ...); member k
+        gets exactly ``tasks[k].sample(batch, generators[k])``, at the cost of one vectorised
+        transform for all members (the hot path of a grid of L trained as one ensemble)."""
+        return _lipschitz_prompts(tasks, batch, generators, device, dtype)[0]
+
+
+def _groups(tasks, key, device):
+    """Members grouped by ``key(task)``, in order of first appearance: (member indices, their
+    index tensor on ``device``, or None when the group is every member)."""
+    out = {}
+    for k, t in enumerate(tasks):
+        out.setdefault(key(t), []).append(k)
+    return [(ks, None if len(ks) == len(tasks) else constant(tuple(ks), device, torch.long))
+            for ks in out.values()]
+
+
+def _covariates(tasks, us, device):
+    """Stage 1, in place on the drawn normals ``us`` (each (K,B,...,d)): u on the sphere, or
+    N(0, I/d), per member."""
+    d = tasks[0].d
+    for members, group in _groups(tasks, lambda t: t.covariates, device):
+        for u in us:
+            v = u if group is None else u[group]
+            if tasks[members[0]].covariates == "sphere":
+                v = v.div_(rowdot(v, v).sqrt_().unsqueeze(-1))
+            else:
+                v = v.mul_(d**-0.5)
+            if group is not None:
+                u[group] = v
+
+
+def _directions(tasks, q, device, dtype):
+    """Stage 2: w (K,B,d) from drawn normals q (K,B,d): rank 0, w = q / |q|; rank k, a = the first
+    k normals over their norm (uniform on S^(k-1)) and w = B a, B the member's subspace."""
+    if all(t.rank == 0 for t in tasks):
+        return q / q.norm(dim=-1, keepdim=True)
+    w = torch.empty_like(q)
+    for members, group in _groups(tasks, lambda t: (t.rank, t.subspace_seed), device):
+        t0 = tasks[members[0]]
+        sl = slice(None) if group is None else group
+        if t0.rank == 0:
+            w[sl] = q[sl] / q[sl].norm(dim=-1, keepdim=True)
+            continue
+        a = q[sl][..., : t0.rank]
+        a = a / a.norm(dim=-1, keepdim=True)
+        Bt = constant(("subspace-t", t0.d, t0.rank, t0.subspace_seed), device, dtype, lambda: t0.subspace.T)
+        s = a[..., 0:1] * Bt[0]
+        for j in range(1, t0.rank):
+            s = torch.addcmul(s, a[..., j : j + 1], Bt[j])
+        w[sl] = s
+    return w
+
+
+def _lipschitz_prompts(tasks, B, gens, device, dtype, with_info=False):
+    """Draws of K tasks of one shape. Per member, one ``normal_`` call fills its row laid out as
+    [context tokens (B,n,d+1) holding (u_i, eps_i) | u_q (B,d) | direction normals (B,d)] and one
+    ``uniform_`` call the coefficients (B,3), from its own generator; then covariates ->
+    direction -> function, each one vectorised transform per group of members, in place: the
+    labels overwrite the noise slots."""
+    t0 = tasks[0]
+    d, n, K = t0.d, t0.n, len(tasks)
+    check("tasks", [t.name for t in tasks], all(isinstance(t, LipschitzRegression) and (t.d, t.n) == (d, n)
+                                               for t in tasks), f"lipschitz tasks with d={d}, n={n}")
+    ctx = B * n * (d + 1)
+    r = torch.empty(K, ctx + 2 * B * d, device=device, dtype=dtype)
+    c = torch.empty(K, B, 3, device=device, dtype=dtype)
+    for k, g in enumerate(gens):
+        r[k].normal_(generator=g)
+        c[k].uniform_(-1.0, 1.0, generator=g)
+    Z = r[:, :ctx].view(K, B, n, d + 1)
+    X, uq = Z[..., :d], r[:, ctx : ctx + B * d].view(K, B, d)
+    _covariates(tasks, (X, uq), device)
+    w = _directions(tasks, r[:, ctx + B * d :].view(K, B, d), device, dtype)
+    u_info = torch.cat([X, uq.unsqueeze(2)], 2) if with_info else None
+    proj, pq = rowdot(X, w.unsqueeze(2)), rowdot(uq, w).unsqueeze(-1)  # t = w^T u: (K,B,n), (K,B,1)
+    F, yq = torch.empty_like(proj), torch.empty_like(pq)
+    for members, group in _groups(tasks, lambda t: t.function, device):
+        sl = slice(None) if group is None else group
+        L = constant(tuple(tasks[k].L for k in members), device, dtype).view(-1, 1, 1)
+        F[sl] = function_values(tasks[members[0]].function, L, proj[sl], c[sl])
+        yq[sl] = function_values(tasks[members[0]].function, L, pq[sl], c[sl])
+    if any(t.rho for t in tasks):
+        for members, group in _groups(tasks, lambda t: t.rho, device):
+            first = tasks[members[0]]
+            if first.rho:
+                S = constant(("sqrt-covariance", d, first.rho), device, dtype, lambda: first.sqrt_covariance)
+                sl = slice(None) if group is None else group
+                for u in (X, uq):  # x = Sigma^1/2 u
+                    u[sl] = rowdot(u[sl].unsqueeze(-2), S)
+    sigma = constant(tuple(t.sigma for t in tasks), device, dtype).view(K, 1, 1)
+    Z[..., d] = F.addcmul_(sigma, Z[..., d])
+    return Prompts(Z, uq, yq[..., 0]), {"w": w, "coef": c, "u": u_info}

@@ -9,7 +9,7 @@ from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
 is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
 outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
-the device type and the library version).
+the device type, the library version and the source of the modules that produce a run).
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
 parameters after s updates (on a fresh batch), and what the model's ``snapshot`` declares
@@ -35,8 +35,8 @@ import torch
 
 import iclnb
 
-from . import lipschitz  # noqa: F401  (registers chapter 4's task and kernel models)
 from .models import MODELS
+from .progress import training_update
 from .tasks import Task, make_task, sample_members
 from .util import (
     DTYPES,
@@ -189,7 +189,7 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
         params = {k: v[:1] if isinstance(v, (list, tuple)) and len(v) == cfg.K else v for k, v in params.items()}
     else:
         seeds = cfg.member_seeds
-    outputs = type(cfg.tasks[0]).outputs
+    outputs = cfg.tasks[0].outputs
     return cls(cfg.d, heads=heads, outputs=outputs, seeds=seeds, device=device or cfg.device, dtype=cfg.dtype, **params)
 
 
@@ -266,6 +266,14 @@ def cuda_graph_capture(fn, generators=()):
     return graph.replay
 
 
+def _members(heads: tuple) -> str:
+    """The ensemble in a few words: "heads=[1, 2, 4]", or "20 members (H=1)" for long lists."""
+    if len(heads) <= 6:
+        return f"heads={list(heads)}"
+    hs = sorted(set(heads))
+    return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
+
+
 def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
     """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
 
@@ -296,10 +304,11 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
                 f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
+    desc, started = f"{cfg.model} {_members(cfg.heads)}", time.perf_counter()
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, desc=f"{cfg.model} heads={list(cfg.heads)}", unit="step")
+        bar = tqdm(total=cfg.steps, desc=desc, unit="step")
     replay = None
     on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
     with bar if show else contextlib.nullcontext(), on_device:
@@ -329,6 +338,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
             if show:
                 bar.update(count)
                 bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in blocks.window[count - 1].tolist()))
+            training_update(desc, first + count, cfg.steps, lambda: float(blocks.window[count - 1].mean()), started)
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
             p = batch()
             loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
@@ -378,10 +388,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
 
 
+_RUN_SOURCES = ("tasks", "models", "train", "util")  # the modules whose code produces a run
+
+
+def _source_hash() -> str:
+    """sha256 of the source of the modules that produce a run (:data:`_RUN_SOURCES`): an edited
+    sampler, model or loop keys new cache entries instead of reloading stale runs."""
+    global _SOURCE_HASH
+    if _SOURCE_HASH is None:
+        h = hashlib.sha256()
+        for name in _RUN_SOURCES:
+            h.update(Path(sys.modules[f"iclnb.{name}"].__file__).read_bytes())
+        _SOURCE_HASH = h.hexdigest()[:16]
+    return _SOURCE_HASH
+
+
+_SOURCE_HASH = None
+
+
 def _canonical(cfg: TrainConfig, device: torch.device) -> str:
-    """The cache identity: the full config, the device type it ran on and the library version."""
-    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__},
-                      sort_keys=True, separators=(",", ":"))
+    """The cache identity: the full config, the device type it ran on, the library version and
+    the hash of the source that produces a run."""
+    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__,
+                       "source": _source_hash()}, sort_keys=True, separators=(",", ":"))
 
 
 def cache_path(cfg: TrainConfig) -> Path:
@@ -430,6 +459,29 @@ def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float) -> None:
         warnings.warn(f"could not write the run cache at {path} ({e}); continuing without it", stacklevel=3)
 
 
+@contextlib.contextmanager
+def _entry_lock(path: Path):
+    """Hold an exclusive lock on one cache entry while it is looked up and, on a miss, trained and
+    written: processes (sweep workers, on one machine or on a shared file system that supports
+    POSIX locks) that need the same config train it once, and the others then load it. Entries
+    are written atomically in any case, so without locks (no fcntl, an unwritable cache) a
+    concurrent miss costs a second training, never a corrupt entry."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_name(path.name + ".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool | None = None) -> Run:
     """Train the ensemble of ``cfg`` (or load it from the run cache).
 
@@ -442,14 +494,15 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool
     t0 = time.perf_counter()
     model = build_model(cfg)
     path = cache_path(cfg)
-    hit = _load(path, cfg, model) if cache else None
-    if hit is not None:
-        logs, train_seconds = hit
-    else:
-        with cpu_threads(model.flat.device):
-            logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
-        train_seconds = time.perf_counter() - t0
-        if cache:
-            _save(path, cfg, model, logs, train_seconds)
+    with _entry_lock(path) if cache else contextlib.nullcontext():
+        hit = _load(path, cfg, model) if cache else None
+        if hit is not None:
+            logs, train_seconds = hit
+        else:
+            with cpu_threads(model.flat.device):
+                logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
+            train_seconds = time.perf_counter() - t0
+            if cache:
+                _save(path, cfg, model, logs, train_seconds)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
                train_seconds=train_seconds, from_cache=hit is not None)

@@ -1,4 +1,5 @@
-"""Small shared utilities: argument checks, device/dtype resolution, CPU thread control, seeds.
+"""Small shared utilities: argument checks, device/dtype resolution, CPU thread control, seeds,
+and a few numerics chapters share (:func:`rowdot`, :func:`power_law_fit`, :func:`rank_correlation`).
 
 Checks raise ``ValueError("name=value is invalid; allowed: ...")`` so that a bad parameter
 fails at once with its name, its value and the allowed range. They are called once, at public
@@ -14,6 +15,7 @@ import math
 import numbers
 import os
 
+import numpy as np
 import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -153,9 +155,8 @@ def keep_freed_memory() -> None:
         pass
 
 
-@contextlib.contextmanager
-def cpu_threads(device: torch.device):
-    """Train on CPU with ``$ICLNB_THREADS`` intra-op threads (default 1), then restore.
+def thread_count() -> int:
+    """The library's CPU thread policy: ``$ICLNB_THREADS`` intra-op threads, default 1.
 
     The engine's tensors are small: a second OpenMP thread gains little on an idle machine and
     collapses when the cores are shared (its barriers wait for a busy core); one thread also
@@ -163,11 +164,70 @@ def cpu_threads(device: torch.device):
     """
     value = os.environ.get("ICLNB_THREADS", "1")
     check("ICLNB_THREADS", value, value.isdigit() and int(value) >= 1, "an integer >= 1")
+    return int(value)
+
+
+def use_threads(device="auto") -> None:
+    """Apply the thread policy (:func:`thread_count`) to the whole process when ``device`` is the
+    CPU: what a chapter calls once in its setup cell (its Monte Carlo runs outside training)."""
+    if resolve_device(device).type == "cpu":
+        keep_freed_memory()
+        torch.set_num_threads(thread_count())
+
+
+@contextlib.contextmanager
+def cpu_threads(device: torch.device):
+    """Train on CPU under the thread policy (:func:`thread_count`), then restore."""
     old = torch.get_num_threads()
     if device.type == "cpu":
         keep_freed_memory()
-        torch.set_num_threads(int(value))
+        torch.set_num_threads(thread_count())
     try:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+# ---- small numerics shared by chapters --------------------------------------------------------
+def rowdot(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """sum_a A[..., a] v[..., a] (broadcasting): for the few coordinates of the tasks here a loop
+    of fused multiply-adds is 2-3x faster than a reduction or a batched matmul over tiny matrices,
+    and elementwise, so every member gets the same bits however many are stacked."""
+    s = A[..., 0] * v[..., 0]
+    for a in range(1, A.shape[-1]):
+        s = torch.addcmul(s, A[..., a], v[..., a])
+    return s
+
+
+def power_law_fit(x, y) -> dict:
+    """Least-squares fit log y = a log x + b: {"exponent": a, "prefactor": e^b, "se": s.e. of a}."""
+    lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    check("x", len(lx), len(lx) >= 3 and len(lx) == len(ly), "at least 3 points, as many as y")
+    A = np.stack([lx, np.ones_like(lx)], 1)
+    coef, *_ = np.linalg.lstsq(A, ly, rcond=None)
+    resid = ly - A @ coef
+    s2 = float(resid @ resid) / (len(lx) - 2)
+    se = math.sqrt(s2 / float(((lx - lx.mean()) ** 2).sum()))
+    return {"exponent": float(coef[0]), "prefactor": float(np.exp(coef[1])), "se": se}
+
+
+def rank_correlation(x, y) -> float:
+    """Spearman's rank correlation (1: y increases with x). Ties get their average rank, so a
+    constant sequence has no order: its correlation with anything is 0 (not the 1.0 that ranking
+    ties by position would give)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    check("x", len(x), len(x) >= 2 and len(x) == len(y), "at least 2 values, as many as y")
+    rx, ry = (_average_ranks(v) for v in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    den = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / den if den > 0 else 0.0
+
+
+def _average_ranks(v: np.ndarray) -> np.ndarray:
+    """Ranks 0..len-1 of ``v``, tied values sharing the mean of their positions."""
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    _, inverse = np.unique(v, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / np.bincount(inverse)[inverse]

@@ -1,6 +1,7 @@
-"""Chapter 4's library: the Lipschitz task (shapes, seeds, the classes' Lipschitz constants,
-covariates), the kernel units against the naive nn.Linear reference (outputs and gradients,
-float64, shared and per-member prompts) and the window analysis."""
+"""Chapters 4 and 5's library: the Lipschitz task (shapes, seeds, the classes' Lipschitz constants,
+covariates, the low-rank direction and the links), the kernel units against the naive nn.Linear
+reference (outputs and gradients, float64, shared and per-member prompts), the metrics of a
+kernel matrix and chapter 4's window analysis."""
 
 import math
 
@@ -9,11 +10,13 @@ import pytest
 import torch
 from naive import KERNEL_CASES, NaiveKernel
 
+from iclnb import circuits
 from iclnb import lipschitz as lp
 from iclnb.models import MODELS
 from iclnb.predictors import mc_risk
-from iclnb.tasks import TASKS, kms_covariance, make_task, sample_members
+from iclnb.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
 from iclnb.train import TrainConfig, train
+from iclnb.util import power_law_fit, rank_correlation
 
 F64 = torch.float64
 KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]
@@ -25,7 +28,7 @@ def _gen(seed=0):
 
 
 def _task(**kw):
-    return lp.LipschitzRegression(**{"d": 3, "n": 12, "function": "relu", "L": 2.0, "sigma": 0.0, **kw})
+    return LipschitzRegression(**{"d": 3, "n": 12, "function": "relu", "L": 2.0, "sigma": 0.0, **kw})
 
 
 # ---- the task -----------------------------------------------------------------------------------
@@ -33,10 +36,11 @@ def test_registered():
     assert "lipschitz" in TASKS and {"kernel", "kernel_linear"} <= set(MODELS)
     t = make_task("lipschitz", 3, 5, function="cosine", L=1)
     assert isinstance(t.L, float) and t.params == {"function": "cosine", "L": 1.0, "sigma": 0.1,
-                                                  "covariates": "sphere", "rho": 0.0}
+                                                  "covariates": "sphere", "rho": 0.0,
+                                                  "rank": 0, "subspace_seed": 0}
 
 
-@pytest.mark.parametrize("function", lp.CLASSES)
+@pytest.mark.parametrize("function", CLASSES)
 def test_shapes_labels_and_sphere(function):
     t = _task(function=function, sigma=0.0)
     p = t.sample(50, _gen(), dtype=F64)
@@ -78,7 +82,7 @@ def test_covariates():
     torch.testing.assert_close(torch.cov(p.X.reshape(-1, 3).T), S / 3, rtol=0, atol=0.01)
 
 
-@pytest.mark.parametrize("function", lp.CLASSES)
+@pytest.mark.parametrize("function", CLASSES)
 def test_lipschitz_constant_measured(function):
     """max over random pairs of |f(u) - f(u')| / |u - u'|: at most Lip(f) <= L, and close to L."""
     L, B, m = 2.0, 4000, 64
@@ -99,7 +103,7 @@ def test_lipschitz_constant_measured(function):
 
 
 @pytest.mark.parametrize("kwargs,name", [
-    ({"function": "quadratic"}, "function"), ({"L": 0.0}, "L"), ({"L": float("inf")}, "L"),
+    ({"function": "cubic"}, "function"), ({"rank": 4}, "rank"), ({"L": 0.0}, "L"), ({"L": float("inf")}, "L"),
     ({"sigma": -1.0}, "sigma"), ({"covariates": "ball"}, "covariates"), ({"rho": 1.0}, "rho"), ({"n": 0}, "n"),
 ])
 def test_bad_task_arguments(kwargs, name):
@@ -165,7 +169,7 @@ def test_kernel_matrix_logs_and_init():
     mine = m.member_log(logs, 1)
     M = m.matrix()[1].detach().numpy()
     np.testing.assert_allclose(mine["w"][0], np.trace(M) / 3)
-    np.testing.assert_allclose(mine["iso"][0], lp.proportional_error(M)[1])
+    np.testing.assert_allclose(mine["iso"][0], circuits.proportional_error(M)[1])
 
 
 @pytest.mark.parametrize("kwargs,name", [({"heads": [1, 2]}, "heads"), ({"outputs": 2}, "outputs"),
@@ -184,22 +188,35 @@ def test_window_grows_with_L_in_training(tmp_path, monkeypatch):
     h = run.history
     assert h.w[0].shape == (4,) and h.M[0].shape == (4, 3, 3) and h.iso[1][-1] < 0.3
     assert h.w[1][-1] > 2 * h.w[0][-1] > 0
-    risks = lp.member_risks(run.model, cfg.tasks, num_prompts=2000, seed=1)
+    risks = mc_risk(run.model, cfg.tasks, num_prompts=2000, seed=1)
     assert risks.shape == (2,) and risks[0] < risks[1]  # L = 0.3 is easier
+    both = mc_risk({"a": run.model, "b": run.model}, cfg.tasks, num_prompts=2000, seed=1, chunk=700)
+    np.testing.assert_array_equal(both["a"], both["b"])
 
 
 # ---- analysis ---------------------------------------------------------------------------------------
 def test_proportional_error_fits_and_ranks():
     S = kms_covariance(3, 0.5).numpy()
-    assert lp.proportional_error(3 * np.eye(3)) == (3.0, 0.0)
-    c, e = lp.proportional_error(2 * np.linalg.inv(S), np.linalg.inv(S))
+    assert circuits.proportional_error(3 * np.eye(3)) == (3.0, 0.0)
+    c, e = circuits.proportional_error(2 * np.linalg.inv(S), np.linalg.inv(S))
     assert math.isclose(c, 2) and e < 1e-12
-    assert lp.proportional_error(np.linalg.inv(S))[1] > 0.2
+    assert circuits.proportional_error(np.linalg.inv(S))[1] > 0.2
     x = np.array([1.0, 10, 100, 1000])
-    fit = lp.power_law_fit(x, 3 * x**0.4)
+    fit = power_law_fit(x, 3 * x**0.4)
     assert math.isclose(fit["exponent"], 0.4) and math.isclose(fit["prefactor"], 3) and fit["se"] < 1e-9
-    assert lp.rank_correlation([1, 2, 3], [0.1, 5, 7]) == pytest.approx(1)
-    assert lp.rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+    assert rank_correlation([1, 2, 3], [0.1, 5, 7]) == pytest.approx(1)
+    assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+
+
+def test_rank_correlation_ties():
+    """Ties share their average rank: a constant sequence (a window that does not depend on L) has
+    correlation 0 with anything, not the 1.0 that ranking ties by position gave."""
+    assert rank_correlation([0.125, 0.25, 0.5, 1, 2, 4], [3.0] * 6) == 0.0
+    assert rank_correlation([5, 5, 5], [1, 2, 3]) == 0.0
+    # Spearman with average ranks: Pearson of ranks (0, 1, 2, 3) and (0.5, 0.5, 2, 3)
+    expected = np.corrcoef([0, 1, 2, 3], [0.5, 0.5, 2, 3])[0, 1]
+    assert rank_correlation([1, 2, 3, 4], [1, 1, 2, 3]) == pytest.approx(expected)
+    assert rank_correlation([1, 2, 3, 4], [7, 7, 7, 8]) > 0  # a tie then a rise: positive, not 1
 
 
 def test_optimal_window_on_known_curves():
@@ -211,9 +228,62 @@ def test_optimal_window_on_known_curves():
     assert w2 == pytest.approx(32 ** (1 / 3), rel=0.02)
 
 
+def test_optimal_window_returns_the_vertex_risk():
+    """The risk is the refined vertex's, below the best grid point's, on a coarse grid."""
+    ws = np.logspace(-1, 2, 7)  # coarse: the grid misses the minimum by far
+    curves = {"w": ws, "bias": ws**-2.0, "spread": ws}
+    w, r = lp.optimal_window(curves, sigma=0.5)
+    grid_best = (ws**-2.0 + 0.25 * ws).min()
+    lw = np.log(w)
+    assert r < grid_best
+    # the parabola in log w through the three points around the minimum, evaluated at its vertex
+    i = int(np.argmin(ws**-2.0 + 0.25 * ws))
+    coef = np.polyfit(np.log(ws[i - 1 : i + 2]), (ws**-2.0 + 0.25 * ws)[i - 1 : i + 2], 2)
+    assert r == pytest.approx(np.polyval(coef, lw), rel=1e-12)
+    true_min = 3 * (0.25 / 2) ** (2 / 3)  # min of w^-2 + s^2 w is 3 (s^2 / 2)^(2/3)
+    assert abs(r - true_min) < grid_best - true_min
+
+
+def test_best_fixed_window():
+    ws = np.logspace(-1, 2, 61)
+    curves = {"w": ws, "bias": ws**-2.0, "spread": ws}
+    assert lp.best_fixed_window([curves], [0.5], [1.0]) == pytest.approx(lp.optimal_window(curves, 0.5)[0])
+    # two tasks: the summed loss (1 + 4) w^-2 + 2 s^2 w has its minimum at (5 / s^2)^(1/3)
+    w = lp.best_fixed_window([curves, curves], [0.5, 0.5], [1.0, 2.0])
+    assert w == pytest.approx((5 / 0.25) ** (1 / 3), rel=0.01)
+
+
+def test_kernel_unit_and_linear_attention_fit():
+    t = [LipschitzRegression(d=3, n=20, function="affine", L=2.0, sigma=0.1),
+         LipschitzRegression(d=3, n=20, function="relu", L=1.0, sigma=0.3)]
+    p = t[0].sample(50, _gen(), dtype=F64)
+    unit = lp.kernel_unit(np.stack([2.0 * np.eye(3), np.zeros((3, 3))]), dtype=F64)
+    out = unit(p.X, p.y, p.xq)
+    torch.testing.assert_close(out[0], (circuits.kernel_weights(p.X, p.xq, 2.0) * p.y).sum(-1))
+    torch.testing.assert_close(out[1], p.y.mean(-1))  # M = 0: the context mean
+    fit = lp.fit_linear_attention(t, num_prompts=4000, seed=1)
+    plain = lp.fit_linear_attention(t, intercept=False, num_prompts=4000, seed=1)
+    assert fit.M.shape == (2, 3, 3) and torch.equal(plain.c, torch.zeros(2, dtype=F64))
+    # the prediction's formula, shared prompts and per-member prompts
+    M, c = fit.M, fit.c
+    ref = torch.stack([(p.y * torch.einsum("bnd,de,be->bn", p.X, M[k], p.xq)).mean(-1) + c[k] * p.y.mean(-1)
+                       for k in range(2)])
+    torch.testing.assert_close(fit(p.X, p.y, p.xq), ref)
+    per = fit(p.X.expand(2, *p.X.shape), p.y.expand(2, *p.y.shape), p.xq.expand(2, *p.xq.shape))
+    torch.testing.assert_close(per, ref)
+    # for the affine class, f = L q.x + b: E[y x] = L q / d, so M is a multiple of I (at most d I,
+    # shrunk at finite n) and c is close to 1 (ybar carries b)
+    scale, iso = circuits.proportional_error(M[0].numpy())
+    assert 0 < scale <= 3 and iso < 0.1 and abs(c[0].item() - 1) < 0.1
+    # least squares: the intercept never hurts, and the fit beats a perturbed one out of sample
+    r = mc_risk({"b": fit, "plain": plain, "worse": lp.LinearAttentionFit(M * 1.2, c)}, t, num_prompts=4000,
+                seed=2, dtype=F64)
+    assert np.all(r["b"] <= r["plain"]) and np.all(r["b"] < r["worse"])
+
+
 def test_window_curves_match_the_unit_with_M_wI():
     """bias + sigma^2 spread is the risk of the trained-form unit with M = w I (Monte Carlo)."""
-    t = lp.LipschitzRegression(d=3, n=10, function="cosine", L=1.5, sigma=0.4)
+    t = LipschitzRegression(d=3, n=10, function="cosine", L=1.5, sigma=0.4)
     c = lp.window_curves(t, [0.5, 4.0], num_prompts=20000, seed=0)
     m = MODELS["kernel"](d=3, heads=[1, 1], seeds=[0, 1], device="cpu", dtype=F64, factorized=False)
     with torch.no_grad():
@@ -222,5 +292,54 @@ def test_window_curves_match_the_unit_with_M_wI():
     np.testing.assert_allclose(risk, c["bias"] + 0.16 * c["spread"], rtol=0, atol=4 * se.max() + 4e-3)
     assert np.all(c["spread"] >= 1 / 10) and c["spread"][0] < c["spread"][1]  # spread 1/n at w = 0
     p = t.sample(4, _gen())
-    wts = lp.kernel_weights(p.X, p.xq, 4.0)
+    wts = circuits.kernel_weights(p.X, p.xq, 4.0)
     torch.testing.assert_close(wts, torch.softmax(4.0 * (p.X @ p.xq[..., None])[..., 0], -1))
+
+
+# ---- low-rank directions and the links of chapter 5 -------------------------------------------------
+@pytest.mark.parametrize("function", LINKS)
+def test_links_in_a_subspace(function):
+    d, k = 6, 2
+    t = LipschitzRegression(d=d, n=20, function=function, sigma=0.0, rank=k, subspace_seed=3)
+    B = t.subspace
+    torch.testing.assert_close(B.T @ B, torch.eye(k, dtype=F64))
+    p = t.sample(300, _gen(), dtype=F64)
+    w = p.info["w"]
+    torch.testing.assert_close(w.norm(dim=-1), torch.ones(300, dtype=F64))  # a on S^(k-1), B orthonormal
+    torch.testing.assert_close(w - (w @ B) @ B.T, torch.zeros_like(w))  # w in col(B)
+    s = (p.X * w[:, None]).sum(-1)
+    g = {"linear": s, "shifted": s + 2, "quadratic": s**2, "cos4": torch.cos(4 * s)}[function]
+    torch.testing.assert_close(p.y, g)
+    # f depends on x only through B^T x: moving x orthogonally to col(B) leaves f unchanged
+    v = torch.randn(300, 20, d, generator=_gen(1), dtype=F64)
+    torch.testing.assert_close(t.f(p.info, p.X + v - (v @ B) @ B.T), t.f(p.info, p.X))
+
+
+def test_subspace_per_member_and_rank_zero_unchanged():
+    tasks = [_task(d=5, rank=2, subspace_seed=1), _task(d=5, rank=2, subspace_seed=2),
+             _task(d=5, rank=3, function="quadratic"), _task(d=5)]
+    assert not torch.equal(tasks[0].subspace, tasks[1].subspace)
+    torch.testing.assert_close(tasks[3].subspace, torch.eye(5, dtype=F64))
+    p = sample_members(tasks, 7, [_gen(k) for k in range(4)], "cpu", torch.float32)
+    for k, t in enumerate(tasks):
+        alone = t.sample(7, _gen(k))
+        assert torch.equal(p.Z[k], alone.Z) and torch.equal(p.yq[k], alone.yq)
+    # rank 0 draws exactly what rank d's subspace-free sampler drew before: w = q / |q|
+    r = torch.empty(7 * 12 * 6 + 2 * 7 * 5).normal_(generator=_gen(3))
+    q = r[-7 * 5 :].view(7, 5)
+    torch.testing.assert_close(tasks[3].sample(7, _gen(3)).info["w"], q / q.norm(dim=-1, keepdim=True))
+
+
+def test_matrix_metrics_of_a_kernel_matrix():
+    B = LipschitzRegression(d=6, n=5, rank=2, subspace_seed=0).subspace.numpy()
+    M = 3 * B @ B.T + 0.01 * np.eye(6)
+    assert circuits.window(M) == pytest.approx((6 + 0.06) / 6)
+    np.testing.assert_allclose(circuits.principal_angles(M, B), 0, atol=1e-6)
+    assert circuits.subspace_ratio(M, B) < 0.02
+    other = np.eye(6)[:, :2]
+    ang = circuits.principal_angles(np.diag([5.0, 4, 1, 1, 1, 1]), other)
+    np.testing.assert_allclose(ang, 0, atol=1e-7)
+    ang = circuits.principal_angles(np.diag([1.0, 1, 5, 4, 1, 1]), other)
+    np.testing.assert_allclose(ang, np.pi / 2, atol=1e-7)
+    # the top-|eigenvalue| space: a large negative eigenvalue counts
+    assert abs(circuits.top_eigenspace(np.diag([1.0, -7, 2]), 1)[1, 0]) == pytest.approx(1, abs=1e-12)
