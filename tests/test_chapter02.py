@@ -48,7 +48,8 @@ def test_authors_omega_factor_and_gd_retuned():
 
     import torch
 
-    from iclnb import circuits, predictors as pr
+    from iclnb import circuits
+    from iclnb import predictors as pr
 
     assert abs(circuits.authors_omega_factor(5) - math.sqrt(6 / 7)) < 1e-15
     X, y, xq = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64), \
