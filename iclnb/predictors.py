@@ -52,6 +52,7 @@ __all__ = [
     "risk_curve",
     "best_step",
     "ByLength",
+    "gd_retuned",
 ]
 
 
@@ -385,3 +386,11 @@ def best_step(predict_with_step: Callable, task: Task, prompts, etas: Sequence[f
         if r < best[1]:
             best = (float(eta), float(r))
     return best
+
+
+def gd_retuned(d: int, sigma2: float) -> ByLength:
+    """Vanilla GD re-tuned at every context length m to its exact optimal step
+    :func:`gd_optimal_step` (m, d, sigma2), for :func:`risk_curve`: the learner that adapts its
+    step to the prompt's length, which a trained model with a fixed step is not."""
+    check_regression(2, d, sigma2)
+    return ByLength(lambda m: gd_at(gd_optimal_step(m, d, sigma2)))
