@@ -18,7 +18,7 @@ def test_chapter01_smoke(smoke_run):
     for cid in ("adv-tight-gap", "ds-tight-gap"):
         assert claims[cid]["passed"] is True, cid
     assert {"icl-cosine", "icl-escaped-min", "icl-closer-to-gd", "icl-step-size", "icl-converged",
-            "icl-n25-pred-diff", "icl-raw-vs-centred", "adv-tight-gap", "icl-closer-null",
+            "icl-n25-pred-diff", "icl-raw-vs-centred", "adv-tight-gap",
             "lemma-5.7-max-slack", "fact-3.1-star-max-slack"} <= set(status)
     # checks that cannot fail except through a bug are labelled as sanity checks, apart from the evidence
     for cid in ("grad-autograd", "ws-small-steps", "ws-m-holds", "ds-tight-holds", "identity-error",
@@ -26,11 +26,12 @@ def test_chapter01_smoke(smoke_run):
         assert group[cid] == "sanity", cid
     # every evidence check names its null and carries the null's value from the same run
     evidence = ("adv-tight-gap", "ds-tight-gap", "icl-pred-diff", "icl-beats-uniform", "icl-escaped-min",
-                "icl-converged", "icl-step-size", "icl-n25-pred-diff")
+                "icl-converged", "icl-step-size", "icl-n25-pred-diff", "icl-closer-to-gd", "icl-n25-closer-to-gd")
     for cid in evidence:
         assert group[cid] == "evidence", cid
         assert claims[cid]["null"] and claims[cid]["basis"] in ("theory", "paper", "mc"), cid
         assert claims[cid]["null_value"] is not None, cid
     assert {c["id"] for c in data["claims"] if c["group"] == "evidence"} == set(evidence)
+    assert claims["icl-converged"]["kind"] == "finding"  # declared before the run
     for cid in ("paper-cosine", "paper-sens-diff", "paper-settings"):
         assert claims[cid]["kind"] == "not_attempted", cid
