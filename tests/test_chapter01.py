@@ -35,3 +35,29 @@ def test_chapter01_smoke(smoke_run):
     assert claims["icl-converged"]["kind"] == "finding"  # declared before the run
     for cid in ("paper-cosine", "paper-sens-diff", "paper-settings"):
         assert claims[cid]["kind"] == "not_attempted", cid
+
+
+def test_two_row_construction_matches_its_closed_form():
+    import math
+
+    import torch
+
+    from iclnb import shift_bounds as sb
+    from iclnb import softmax_regression as sr
+
+    for n, R in ((10, 4.0), (1000, 4.0), (30, 6.0)):
+        for kind in ("x", "A"):
+            s = sb.two_row_start(n, 5, R, kind)
+            assert math.isclose(float(sr.spectral_norm(s["A"][None])[0]), R, rel_tol=1e-12)
+            assert math.isclose(float(s["x"].norm()), R, rel_tol=1e-12)
+            h = 1e-7
+            if kind == "x":
+                ratio = (sr.f(s["A"], s["x"] + h * s["u"]) - sr.f(s["A"], s["x"])).norm() / h
+            else:
+                U = s["u"] / sr.spectral_norm(s["u"][None])[0]
+                ratio = (sr.f(s["A"] + h * U, s["x"]) - sr.f(s["A"], s["x"])).norm() / h
+            assert math.isclose(R / 2 / float(ratio), sb.two_row_gap(n, R), rel_tol=1e-5)
+    # the search started there cannot do worse than the construction
+    res = sb.adversarial_search(1000, 5, 4.0, restarts=2, iters=3, two_row=True)
+    assert 4.0 / 2 / res["ratio"] <= sb.two_row_gap(1000, 4.0) * (1 + 1e-4)  # its finite step
+    assert torch.isfinite(torch.tensor(res["ratios"])).all()
