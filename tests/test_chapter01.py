@@ -26,13 +26,14 @@ def test_chapter01_smoke(smoke_run):
         assert group[cid] == "sanity", cid
     # every evidence check names its null and carries the null's value from the same run
     evidence = ("adv-tight-gap", "ds-tight-gap", "icl-pred-diff", "icl-beats-uniform", "icl-escaped-min",
-                "icl-converged", "icl-step-size", "icl-n25-pred-diff", "icl-closer-to-gd", "icl-n25-closer-to-gd")
+                "icl-converged", "icl-step-size", "icl-n25-pred-diff", "icl-closer-to-gd")
     for cid in evidence:
         assert group[cid] == "evidence", cid
         assert claims[cid]["null"] and claims[cid]["basis"] in ("theory", "paper", "mc"), cid
         assert claims[cid]["null_value"] is not None, cid
     assert {c["id"] for c in data["claims"] if c["group"] == "evidence"} == set(evidence)
     assert claims["icl-converged"]["kind"] == "finding"  # declared before the run
+    assert group["icl-n25-closer-to-gd"] == "report"
     for cid in ("paper-cosine", "paper-sens-diff", "paper-settings"):
         assert claims[cid]["kind"] == "not_attempted", cid
 
