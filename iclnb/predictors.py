@@ -245,12 +245,12 @@ def _finish(errs: list, return_se: bool):
     return (risk, se) if return_se else risk
 
 
-def _sq_err(yhat, yq, outputs: int = 1) -> torch.Tensor:
+def _sq_err(yhat, yq, outputs: int = 1, per_output: bool = False) -> torch.Tensor:
     """Squared errors (..., B), averaged over the T = ``outputs`` label slots of multi-output
-    targets (..., B, T)."""
+    targets (..., B, T); with ``per_output`` one row per slot, (..., T, B)."""
     e = (yhat - yq) ** 2
     if outputs > 1:
-        e = e.mean(-1)
+        e = e.transpose(-1, -2) if per_output else e.mean(-1)
     return e.to("cpu", torch.float64)
 
 
@@ -265,6 +265,7 @@ def mc_risk(
     dtype=torch.float32,
     return_se: bool = False,
     stream: str = "mc_risk",
+    per_output: bool = False,
 ):
     """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.tasks`` task; for
     noisy targets sigma^2 is included once; for T outputs the mean over the T slots).
@@ -282,7 +283,8 @@ def mc_risk(
     same numbers on the same device.
 
     Returns the risk (float, or numpy (K,) for an ensemble); with ``return_se=True`` a pair
-    (risk, standard error).
+    (risk, standard error). ``per_output``: for T outputs, the risk of every output, (T,) or
+    (K, T), instead of their mean.
     """
     tasks = list(task) if isinstance(task, (list, tuple)) else [task]
     for t in tasks:
@@ -300,13 +302,13 @@ def mc_risk(
             while left > 0:
                 p = sample_members(tasks, min(size, left), gens, device, dtype)
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
                 left -= min(size, left)
         else:
             g = None if prompts is not None else generator(seed, stream, device=device)
             for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
     out = {k: _finish(e, return_se) for k, e in errs.items()}
     return out[None] if None in out else out
 

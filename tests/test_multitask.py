@@ -123,6 +123,9 @@ def test_support_dgd_risk_closed_form_by_monte_carlo():
     risk, se = pr.mc_risk(lambda X, y, xq: pr.preconditioned_dgd_predict(X, y, xq, W), t,
                           num_prompts=60_000, dtype=F64, return_se=True)
     assert abs(risk - exact.mean()) < 4 * se
+    both = pr.mc_risk(lambda X, y, xq: pr.preconditioned_dgd_predict(X, y, xq, W), t, num_prompts=60_000,
+                      dtype=F64, per_output=True)
+    assert both.shape == (2,) and both.mean() == pytest.approx(risk, rel=1e-12)
     # the step is the optimum: a step 10% off is worse in closed form
     k, n, s2 = 4, 16, 0.2
     eta = pr.debiased_gd_optimal_step(n, k, s2)
