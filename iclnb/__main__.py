@@ -51,8 +51,9 @@ def _sweep(args) -> int:
         if name in grid:
             raise runner.ParameterError(f"parameter {name!r} is given twice")
         grid[name] = values
+    fixed = dict(args.set or [])
     result = sweep.sweep(args.chapter, grid, preset=args.preset, jobs=args.jobs, out=args.out,
-                         scheduler=args.scheduler)
+                         scheduler=args.scheduler, fixed=fixed)
     for r in result.failed:
         print(f"run {r['name']} failed: {r['error']} (partial notebook: {r.get('notebook', '-')})", file=sys.stderr)
     return 0 if result.ok else 1
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("chapter", help="chapter number or (part of its) name")
     p.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"), required=True,
                    help="a parameter and its values (repeatable): -p L 0.5 1 2 -p sigma 0.1 0.4")
+    p.add_argument("-s", "--set", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a parameter set to one value in every run (repeatable; not swept)")
     p.add_argument("--preset", choices=runner.PRESETS, help="start every run from this preset of the chapter")
     p.add_argument("--jobs", type=int, help="local worker processes (default: one per CPU core)")
     p.add_argument("--out", help="output folder (default sweeps/NN_name)")

@@ -70,6 +70,8 @@ __all__ = [
     "principal_angles",
     "subspace_ratio",
     "kernel_weights",
+    "metrics_of_heads",
+    "authors_omega_factor",
 ]
 
 HEAD_CLASSES = ("positive", "negative", "dummy")
@@ -481,3 +483,42 @@ def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
     M = torch.as_tensor(M, dtype=X.dtype, device=X.device)
     u = xq * M if M.dim() == 0 else xq @ M.T
     return torch.softmax((X @ u.unsqueeze(-1))[..., 0], -1)
+
+
+# ----------------------------------------------------------------------------- chapter 2's nulls
+def metrics_of_heads(kq_, ov_, classes: Sequence[str]) -> dict:
+    """The model-level pattern numbers of :func:`summarize_circuits` (one output) over the heads
+    that ``classes`` marks live, without classifying the heads again: apply the trained model's classes
+    to its circuits at initialisation (a logged snapshot) to get the null "the same heads before
+    training" of a pattern claim.
+
+    Keys: ``min_diag_ratio``, ``min_ov_last_ratio``, ``max_last_row_ratio``, ``omega_spread``
+    (max / min |omega_h|), ``sign_match`` (the fraction of live heads with sign(omega) =
+    sign(mu)), ``n_sign_match``, ``n_live`` (over the live heads) and ``mu_balance``
+    (|sum_h mu_h| / sum_h |mu_h| over all heads).
+    """
+    rows = circuit_metrics(kq_, ov_)
+    if len(classes) != len(rows):
+        raise ValueError(f"{len(classes)} classes for {len(rows)} heads")
+    live = [r for r, c in zip(rows, classes) if c != "dummy"]
+    mu_all = np.array([r["mu"] for r in rows])
+    nan = float("nan")
+    absw = [abs(r["omega"]) for r in live]
+    reduce = {"min_diag_ratio": (min, "diag_ratio"), "min_ov_last_ratio": (min, "ov_last_ratio"),
+              "max_last_row_ratio": (max, "last_row_ratio")}
+    out = {key: pick((r[m] for r in live), default=nan) for key, (pick, m) in reduce.items()}
+    n_match = sum(r["sign_match"] for r in live)
+    out.update(omega_spread=max(absw) / min(absw) if absw and min(absw) > 0 else nan,
+               n_sign_match=n_match, n_live=len(live),
+               sign_match=n_match / len(live) if live else nan,
+               mu_balance=(abs(float(mu_all.sum())) / float(np.abs(mu_all).sum())
+                           if np.abs(mu_all).sum() > 0 else nan))
+    return out
+
+
+def authors_omega_factor(d: int) -> float:
+    """sqrt((d + 1) / (d + 2)): the authors' public code logs omega from ``W_K^T W_Q / sqrt(d + 2)``
+    while its model scales the scores by ``1 / sqrt(d + 1)`` (as :func:`kq` does), so the omega of
+    their logs, plots and Table 1 is this factor (0.926 at d = 5) times the model's own omega."""
+    check("d", d, isinstance(d, int) and d >= 1, "a positive integer")
+    return math.sqrt((d + 1) / (d + 2))

@@ -13,8 +13,9 @@ independent Adams (it is elementwise) and members never interact.
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
 another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS`` of
 :mod:`iclnb.circuits`) and ``linear``
-(linear attention), and chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
-matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+(linear attention), chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
+matrix per member) and chapter 3's ``kernel_sum`` (the sum of kernel regressors, per-head omega_h
+and mu_h as its parameters). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
@@ -442,3 +443,62 @@ class KernelLinearAttention(_KernelUnit):
     def predict(self, Z, xq):
         s, y = self._scores(Z, xq)
         return (s * y).mean(-1)
+
+
+@register
+class KernelSum(Ensemble):
+    """The sum of kernel regressors (He et al. 2025, eq. 3.2) with its 2H numbers as the
+    parameters: prediction = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q) over the n
+    context tokens (what chapter 2 reads off a trained softmax layer; the same function as
+    ``iclnb.predictors.kernel_sum_predict``). Trained by plain gradient descent with the engine's
+    MSE loss (no 1/2), a step of rate lr moves (omega, mu) as the gradient flow of L/2 does in
+    time 2 lr, so a run at a small rate and a large batch traces the flow of the true loss.
+
+    Init (``init``): ``"pair"`` is Definition B.1's start, omega_h = mu_h = +init_scale for even h
+    and -init_scale for odd h (no randomness); ``"normal"`` draws omega_h, mu_h ~ N(0, init_scale^2)
+    from the member's seed. One output (T = 1).
+    """
+
+    name = "kernel_sum"
+    INITS = ("pair", "normal")
+
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, init="pair",
+                 init_scale=1e-3):
+        check("outputs", outputs, outputs == 1, "1 (the sum of kernel regressors has one output)")
+        check_choice("init", init, self.INITS)
+        check("init_scale", init_scale, is_real(init_scale) and init_scale > 0, "a real number > 0")
+        self.init, self.init_scale = init, float(init_scale)
+        super().__init__(d, heads, outputs, seeds, device, dtype)
+
+    def layout(self):
+        return [("omega", (self.Ht,)), ("mu", (self.Ht,))]
+
+    def init_member(self, k, gen, views):
+        sl, H = self.member_slice(k), self.heads[k]
+        if self.init == "pair":
+            sign = torch.tensor([1.0 if h % 2 == 0 else -1.0 for h in range(H)], dtype=torch.float64)
+            views["omega"][sl] = views["mu"][sl] = self.init_scale * sign
+        else:
+            u = torch.randn(2, H, generator=gen, dtype=torch.float64) * self.init_scale
+            views["omega"][sl], views["mu"][sl] = u[0], u[1]
+
+    def predict(self, Z, xq):
+        p = self.params()
+        omega, mu, d = p["omega"], p["mu"], self.d
+        X, y = Z[..., :d], Z[..., d]
+        s = (X * xq.unsqueeze(-2)).sum(-1)  # (B,n) or (K,B,n): x_i^T x_q
+        if Z.dim() == 4:  # each member on its own prompts: its heads read its prompts
+            s, y = s[self.head_member], y[self.head_member]  # (M,B,n)
+            yh = (torch.softmax(omega[:, None, None] * s, -1) * y).sum(-1) * mu[:, None]  # (M,B)
+            return yh.new_zeros(self.K, yh.shape[1]).index_add_(0, self.head_member, yh)
+        yh = (torch.softmax(omega[None, :, None] * s[:, None, :], -1) * y[:, None, :]).sum(-1) * mu  # (B,M)
+        return (yh @ self.sel).T
+
+    def snapshot(self):
+        p = self.params()
+        return {"omega": p["omega"], "mu": p["mu"]}
+
+    def member_log(self, logs, k):
+        """omega, mu (logged steps, H) of member k."""
+        sl = self.member_slice(k)
+        return {"omega": logs["omega"][:, sl].copy(), "mu": logs["mu"][:, sl].copy()}

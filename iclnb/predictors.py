@@ -67,6 +67,7 @@ __all__ = [
     "support_dgd_risk",
     "support_ridge_predict",
     "diag_kernel_sum_predict",
+    "gd_retuned",
 ]
 
 
@@ -477,3 +478,9 @@ def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, 
     check("mu", tuple(m.shape), m.shape == (om.shape[0], y.shape[-1]), f"(H, T) = ({om.shape[0]}, {y.shape[-1]})")
     att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
     return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+def gd_retuned(d: int, sigma2: float) -> ByLength:
+    """Vanilla GD re-tuned at every context length m to its exact optimal step
+    :func:`gd_optimal_step` (m, d, sigma2), for :func:`risk_curve`: the learner that adapts its
+    step to the prompt's length, which a trained model with a fixed step is not."""
+    check_regression(2, d, sigma2)
+    return ByLength(lambda m: gd_at(gd_optimal_step(m, d, sigma2)))

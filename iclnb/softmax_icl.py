@@ -273,3 +273,15 @@ def layer_trajectory(history, k: int, tasks: dict, task: SoftmaxRegression, ever
         for key, v in r.items():
             rows.setdefault(key, []).append(v)
     return rows
+
+
+def heldout_mse(predictors, tasks: dict, chunk: int = 250) -> list[float]:
+    """The mean squared error to ``y_q`` of each predictor (objects with ``predict(A, b, Aq)``, e.g.
+    :class:`CircuitLayer`) on the held-out ``tasks`` (:func:`icl_tasks`), without sensitivities."""
+    t = tasks
+    out = []
+    for m in predictors:
+        y = torch.cat([m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk]).double()
+                       for i in range(0, t["A"].shape[0], chunk)])
+        out.append(float(((y - t["yq"].double()) ** 2).mean()))
+    return out

@@ -66,10 +66,15 @@ def run_name(params: dict) -> str:
     return name
 
 
-def plan(chapter: runner.Chapter, grid: dict, preset: str | None = None) -> list[Run]:
-    """The runs of the Cartesian product of ``grid`` (name -> list of values), every name and
-    value checked against the chapter's parameters first (``runner.ParameterError`` lists the
-    valid ones)."""
+def plan(chapter: runner.Chapter, grid: dict, preset: str | None = None, fixed: dict | None = None) -> list[Run]:
+    """The runs of the Cartesian product of ``grid`` (name -> list of values), each also with the
+    ``fixed`` parameters (the same in every run, left out of the run names), every name and value
+    checked against the chapter's parameters first (``runner.ParameterError`` lists the valid
+    ones)."""
+    fixed = runner.resolve_parameters(chapter, dict(fixed or {}))
+    both = set(fixed) & set(grid or {})
+    if both:
+        raise runner.ParameterError(f"parameter(s) {sorted(both)} are both swept and fixed")
     if not isinstance(grid, dict) or not grid:
         raise runner.ParameterError("a sweep needs at least one parameter with values (-p NAME V1 V2 ...)")
     for name, values in grid.items():
@@ -84,7 +89,7 @@ def plan(chapter: runner.Chapter, grid: dict, preset: str | None = None) -> list
     names = [run_name(p) for p in runs]
     if len(set(names)) != len(names):
         raise runner.ParameterError("two sweep points have the same parameters (a value is repeated)")
-    return [Run(p, n) for p, n in zip(runs, names)]
+    return [Run({**fixed, **p}, n) for p, n in zip(runs, names)]
 
 
 def _write_json(path: Path, data) -> None:
@@ -205,14 +210,16 @@ def _dask_executor(address: str):
 
 
 def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | None = None, jobs: int | None = None,
-          out: str | os.PathLike | None = None, scheduler: str | None = None, log=print) -> SweepResult:
+          out: str | os.PathLike | None = None, scheduler: str | None = None, log=print,
+          fixed: dict | None = None) -> SweepResult:
     """Run the sweep (see the module's docstring); returns the records and the table's paths.
+    ``fixed``: parameters set in every run (not swept).
 
     A failed run is reported with its failing cell and does not stop the others; finished runs of
     an earlier call are skipped.
     """
     chapter = _chapter(chapter_spec)
-    runs = plan(chapter, grid, preset)
+    runs = plan(chapter, grid, preset, fixed)
     out = Path(out or Path("sweeps") / chapter.slug).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1

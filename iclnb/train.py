@@ -84,6 +84,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # "float32" or "float64"
     init_seeds: tuple | None = None  # per-member init seeds (default: derive_seed(seed, "init") for all)
+    optimizer: str = "adam"  # "adam", or "sgd": plain gradient descent (no momentum), flat -= lr * grad
 
     def __post_init__(self):
         heads = self.heads
@@ -115,6 +116,7 @@ class TrainConfig:
         check("device", self.device, isinstance(self.device, str), "a device name: 'auto', 'cpu', 'cuda', 'cuda:N'")
         resolve_device(self.device)
         check("dtype", self.dtype, self.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+        check("optimizer", self.optimizer, self.optimizer in ("adam", "sgd"), "'adam' or 'sgd'")
         seeds = self.init_seeds
         if isinstance(seeds, list):
             seeds = tuple(seeds)
@@ -266,6 +268,14 @@ def cuda_graph_capture(fn, generators=()):
     return graph.replay
 
 
+def _members(heads: tuple) -> str:
+    """The ensemble in a few words: "heads=[1, 2, 4]", or "20 members (H=1)" for long lists."""
+    if len(heads) <= 6:
+        return f"heads={list(heads)}"
+    hs = sorted(set(heads))
+    return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
+
+
 def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
     """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
 
@@ -282,6 +292,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
     capture = capture or cuda_graph_capture
     batch, gens = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
+    if cfg.optimizer == "sgd":  # plain gradient descent: stateless, so a CUDA graph captures it as it is
+        opt = torch.optim.SGD([model.flat], lr=cfg.lr)
     blocks = _Blocks(model, opt, batch, every)
 
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
@@ -296,7 +308,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
                 f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
-    desc, started = f"{cfg.model} heads={list(cfg.heads)}", time.perf_counter()
+    desc, started = f"{cfg.model} {_members(cfg.heads)}", time.perf_counter()
     if show:
         from tqdm import tqdm
 

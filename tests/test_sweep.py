@@ -13,7 +13,9 @@ from iclnb.__main__ import main
 def test_a_2x2_sweep_collects_one_table(chapter, tmp_path):
     out = tmp_path / "sw"
     lines = []
-    res = sweep.sweep(chapter, {"n": [5, 7], "seed": [0, 1]}, jobs=2, out=out, log=lines.append)
+    res = sweep.sweep(chapter, {"n": [5, 7], "seed": [0, 1]}, jobs=2, out=out, log=lines.append,
+                      fixed={"device": "cpu"})
+    assert all(r["params"]["device"] == "cpu" for r in res.records)
     assert res.ok and len(res.records) == 4 and all(r["ok"] for r in res.records)
     assert sorted(p.name for p in out.glob("*.ipynb")) == ["n=5_seed=0.ipynb", "n=5_seed=1.ipynb",
                                                           "n=7_seed=0.ipynb", "n=7_seed=1.ipynb"]
@@ -46,6 +48,10 @@ def test_bad_names_and_values_fail_before_anything_runs(chapter, tmp_path):
         sweep.sweep(chapter, {"n": [1], "m": [2]}, out=tmp_path / "a")
     with pytest.raises(runner.ParameterError, match="expected int"):
         sweep.sweep(chapter, {"n": [1, "x"]}, out=tmp_path / "b")
+    with pytest.raises(runner.ParameterError, match="both swept and fixed"):
+        sweep.sweep(chapter, {"n": [1]}, fixed={"n": 2}, out=tmp_path / "e")
+    with pytest.raises(runner.ParameterError, match="no parameter 'q'"):
+        sweep.sweep(chapter, {"n": [1]}, fixed={"q": 2}, out=tmp_path / "e")
     with pytest.raises(runner.ParameterError, match="at least one value"):
         sweep.sweep(chapter, {"n": []}, out=tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
