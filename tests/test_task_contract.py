@@ -14,6 +14,7 @@ D_, N_ = 3, 7
 CASES = [(name, {}) for name in sorted(TASKS)] + [
     ("linear_regression", {"rho": 0.5}),
     ("lipschitz", {"rank": 2, "subspace_seed": 1, "function": "quadratic", "rho": 0.5, "covariates": "gaussian"}),
+    ("multitask", {"supports": ((1,), (2, 3), (1, 3)), "sigma2": 0.0}),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in p.items()) for name, p in CASES]
 
