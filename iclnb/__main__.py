@@ -1,4 +1,5 @@
 """Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
+sweep CH -p NAME V1 V2 ... [--preset P] [--jobs N] [--out DIR] [--scheduler ADDRESS] |
 book [--smoke | --preset P] | check-pages."""
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ def _run(args) -> int:
     return 0 if r.ok else 1
 
 
+def _sweep(args) -> int:
+    from . import sweep
+
+    grid = {}
+    for name, *values in args.param or []:
+        if name in grid:
+            raise runner.ParameterError(f"parameter {name!r} is given twice")
+        grid[name] = values
+    fixed = dict(args.set or [])
+    result = sweep.sweep(args.chapter, grid, preset=args.preset, jobs=args.jobs, out=args.out,
+                         scheduler=args.scheduler, fixed=fixed)
+    for r in result.failed:
+        print(f"run {r['name']} failed: {r['error']} (partial notebook: {r.get('notebook', '-')})", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
 def _book(args) -> int:
     return runner.build_book(smoke=args.smoke, preset=args.preset)
 
@@ -66,6 +83,19 @@ def main(argv=None) -> int:
     p.add_argument("--preset", choices=runner.PRESETS,
                    help="a preset of the chapter: smoke, or paper (the paper's scale)")
     p.set_defaults(fn=_run)
+    p = sub.add_parser("sweep", help="run a chapter over the Cartesian product of parameter values, "
+                       "collecting every run's claims into one table")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"), required=True,
+                   help="a parameter and its values (repeatable): -p L 0.5 1 2 -p sigma 0.1 0.4")
+    p.add_argument("-s", "--set", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a parameter set to one value in every run (repeatable; not swept)")
+    p.add_argument("--preset", choices=runner.PRESETS, help="start every run from this preset of the chapter")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: one per CPU core)")
+    p.add_argument("--out", help="output folder (default sweeps/NN_name)")
+    p.add_argument("--scheduler", help="address of a Dask scheduler (tcp://host:8786) to run on instead of "
+                   "local processes; needs the dask extra")
+    p.set_defaults(fn=_sweep)
     p = sub.add_parser("book", help="execute every chapter and build the HTML book")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
     p.add_argument("--preset", choices=runner.PRESETS, help="run every chapter that declares it with this preset")

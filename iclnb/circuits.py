@@ -1,41 +1,57 @@
-"""KQ and OV circuits of a trained multi-head softmax attention layer.
+"""KQ and OV circuits of a one-layer multi-head attention model, for any d, T outputs and
+activation; and the metrics of a kernel matrix M (chapters 4, 5).
 
 A trained model is described by its weight dict ``w = {"WQ": (H,D,D), "WK": (H,D,D),
-"WV": (H,D,D), "WO": (H,D)}`` with ``D = d + 1`` (tokens ``z_i = [x_i; y_i]``, query
-``z_q = [x_q; 0]``). The model predicts
+"WV": (H,D,D), "WO": (H,T,D)}`` (``WO`` (H,D) for one output) with ``D = d + T`` (tokens
+``z_i = [x_i; y_i]``, query ``z_q = [x_q; 0]``). The model predicts
 
-    y_hat = sum_h W_O,h W_V,h Z softmax(Z^T W_K,h^T W_Q,h z_q / sqrt(D)).
+    y_hat = sum_h W_O,h W_V,h Z p_h,   p_h = kernel(Z^T W_K,h^T W_Q,h z_q / sqrt(D))
 
-Per head we read off
+with the kernel softmax, another normalised activation phi (p_i = phi(s_i) / sum_j phi(s_j),
+``ACTIVATIONS``) or linear (s_i / n_train). Per head we read off
 
 * ``KQ_h = W_K,h^T W_Q,h / sqrt(D)`` (D x D; rows index the key coordinate, columns the
   query coordinate), so the score of token i is ``z_i^T KQ_h z_q``;
-* ``OV_h = (W_O,h W_V,h)^T`` (a D-vector), so the value of token i is ``OV_h^T z_i``;
-* ``omega_h`` = mean of the first d diagonal entries of ``KQ_h`` (the kernel bandwidth) and
-  ``mu_h = OV_h[-1]`` (the weight on the labels).
+* ``OV_h = (W_O,h W_V,h)^T`` (D x T; a D-vector for T = 1), so the value of token i is
+  ``OV_h^T z_i``;
+* ``omega_h`` = mean of the first d diagonal entries of ``KQ_h`` (the kernel bandwidth; the
+  d-vector of them with ``per_coordinate=True``) and ``mu_h`` = the label entries
+  ``OV_h[d + t, t]`` (a number for T = 1, a T-vector otherwise): :func:`omega`, :func:`mu`.
 
-The last column of ``KQ_h`` multiplies the query's label slot, which is always 0: it never
-affects the output, gets no gradient and keeps its random initial value. Every pattern metric
-here therefore uses only ``KQ_h[:d, :d]`` (and the last row ``KQ_h[d, :d]``), never that column.
+The last T columns of ``KQ_h`` multiply the query's label slots, which are always 0: they never
+affect the output, get no gradient and keep their random initial values. Every pattern metric
+here therefore uses only ``KQ_h[:d, :d]`` (and the label rows ``KQ_h[d:, :d]``).
 
-Functions accept torch tensors or numpy arrays and return numpy arrays / python values, which
-is what tables and plots want.
+:func:`forward` is the one prediction from circuits (the models' per-member forward, the
+chapters' layers read at a logged step and :func:`circuit_predict` use it). Functions accept
+torch tensors or numpy arrays; the metrics return numpy arrays / python values, which is what
+tables and plots want. Arrays of circuits may carry leading axes (e.g. logged steps): ``KQ``
+(..., H, D, D), ``OV`` (..., H, D) for one output or (..., H, D, T); functions that cannot tell
+T from a shape take it as ``outputs``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from .util import check, is_real
+from .util import check, check_choice, check_int, is_real
 
 __all__ = [
+    "ACTIVATIONS",
+    "attention",
+    "normaliser",
+    "head_outputs",
+    "forward",
     "kq",
     "ov",
+    "omega",
+    "mu",
     "omega_mu",
+    "diag_ratio",
     "pattern_metrics",
     "circuit_metrics",
     "summarize",
@@ -59,9 +75,86 @@ __all__ = [
     "aligned",
     "recovery",
     "kernel_weights",
+    "metrics_of_heads",
+    "authors_omega_factor",
 ]
 
 HEAD_CLASSES = ("positive", "negative", "dummy")
+
+
+# ---- activations and the forward from circuits -------------------------------------------------
+def _softplus(s):
+    return torch.nn.functional.softplus(s), torch.sigmoid(s)
+
+
+def _sigmoid(s):
+    p = torch.sigmoid(s)
+    return p, p * (1 - p)
+
+
+def _relu(s):
+    return s.clamp(min=0), (s > 0).to(s.dtype)
+
+
+# (phi, phi') of the scores, for p_i = phi(s_i) / sum_j phi(s_j); a new activation joins here
+ACTIVATIONS: dict[str, Callable] = {"softplus": _softplus, "sigmoid": _sigmoid, "relu": _relu}
+
+
+def normaliser(phi: torch.Tensor) -> torch.Tensor:
+    """1 / sum_j phi_j (..., 1) over the last axis, defined as 0 where the sum is 0 (every phi_j
+    is 0: a ReLU-type phi with every score <= 0, or an underflow): the head then outputs 0 and
+    gets no gradient, instead of 0/0 = NaN. Differentiable (no NaN gradient either)."""
+    den = phi.sum(-1, keepdim=True)
+    pos = den > 0
+    return torch.where(pos, den, torch.ones_like(den)).reciprocal() * pos
+
+
+def attention(S: torch.Tensor, activation: str = "softmax", n_train: int | None = None, dim: int = -1) -> torch.Tensor:
+    """Weights p of scores S over the tokens' axis ``dim``: ``"softmax"``; ``"linear"``:
+    S / n_train (n_train defaults to the number of tokens); or a normalised activation of
+    ``ACTIVATIONS``."""
+    if activation == "softmax":
+        return torch.softmax(S, dim)
+    if activation == "linear":
+        return S / (S.shape[dim] if n_train is None else n_train)
+    check_choice("activation", activation, [*ACTIVATIONS, "softmax", "linear"])
+    phi, _ = ACTIVATIONS[activation](S.movedim(dim, -1))
+    return (phi * normaliser(phi)).movedim(-1, dim)
+
+
+def _t(a, ref: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(a if isinstance(a, torch.Tensor) else _np(a), dtype=ref.dtype).to(ref.device)
+
+
+def head_outputs(kq_, ov_, Z: torch.Tensor, xq: torch.Tensor, activation="softmax", n_train=None) -> torch.Tensor:
+    """Every head's output (H, B, T) from its circuits KQ (H,D,D) and OV (H,D,T) ((H,D) for one
+    output): sum_i p_hi OV_h^T z_i with p_h = kernel(s_h), s_hi = z_i^T KQ_h[:, :d] x_q.
+
+    ``Z`` (B,n,D) shared by the heads or (H,B,n,D) one prompt batch per head, ``xq`` (B,d) or
+    (H,B,d). ``activation``: a name for :func:`attention`, or a function S (B,H,n) -> p (B,H,n)
+    (a model's own kernel). Differentiable in the circuits and the prompts."""
+    K, V = _t(kq_, Z), _t(ov_, Z)
+    V = V.unsqueeze(-1) if V.dim() == 2 else V
+    d = xq.shape[-1]
+    if Z.dim() == 3:
+        S = torch.einsum("bnd,mde,be->mbn", Z, K[:, :, :d], xq)
+        Vz = torch.einsum("bnd,mdt->mbnt", Z, V)
+    else:
+        S = torch.einsum("mbnd,mde,mbe->mbn", Z, K[:, :, :d], xq)
+        Vz = torch.einsum("mbnd,mdt->mbnt", Z, V)
+    P = activation(S.transpose(0, 1)) if callable(activation) else attention(S.transpose(0, 1), activation, n_train)
+    return torch.einsum("bmn,mbnt->mbt", P, Vz)
+
+
+def forward(kq_, ov_, Z: torch.Tensor, xq: torch.Tensor, activation="softmax", n_train=None) -> torch.Tensor:
+    """The layer's prediction from its circuits: the sum over heads of :func:`head_outputs`,
+    (B,) for one output (OV (H,D)) or (B,T) (OV (H,D,T)), in Z's dtype and device."""
+    y = head_outputs(kq_, ov_, Z, xq, activation, n_train).sum(0)
+    return y[..., 0] if _np_shape(ov_) == 2 else y
+
+
+def _np_shape(a) -> int:
+    return a.dim() if isinstance(a, torch.Tensor) else np.ndim(a)
 
 
 def _np(a) -> np.ndarray:
@@ -70,6 +163,7 @@ def _np(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
+# ---- circuits of a weight dict -----------------------------------------------------------------
 def _weights(w: Mapping) -> dict[str, np.ndarray]:
     missing = {"WQ", "WK", "WV", "WO"} - set(w)
     if missing:
@@ -82,8 +176,9 @@ def _weights(w: Mapping) -> dict[str, np.ndarray]:
     for k in ("WK", "WV"):
         if out[k].shape != (H, D, D):
             raise ValueError(f"{k} must have shape {(H, D, D)}, got {out[k].shape}")
-    if out["WO"].shape != (H, D):
-        raise ValueError(f"WO must have shape {(H, D)}, got {out['WO'].shape}")
+    WO = out["WO"]
+    if not (WO.shape == (H, D) or (WO.ndim == 3 and WO.shape[0] == H and WO.shape[2] == D and WO.shape[1] < D)):
+        raise ValueError(f"WO must have shape {(H, D)} or (H, T, D) with T < D, got {WO.shape}")
     return out
 
 
@@ -91,7 +186,7 @@ def kq(w: Mapping) -> np.ndarray:
     """KQ circuits, shape (H, D, D): ``KQ_h = W_K,h^T W_Q,h / sqrt(D)``.
 
     Rows index the key coordinate, columns the query coordinate: the score of context token
-    ``z_i`` against the query is ``z_i^T KQ_h z_q``. The last column is unused (see module doc).
+    ``z_i`` against the query is ``z_i^T KQ_h z_q``. The last T columns are unused (module doc).
     """
     w = _weights(w)
     D = w["WQ"].shape[-1]
@@ -99,18 +194,43 @@ def kq(w: Mapping) -> np.ndarray:
 
 
 def ov(w: Mapping) -> np.ndarray:
-    """OV circuits, shape (H, D): ``OV_h = (W_O,h W_V,h)^T``; head h's value of token z is OV_h . z."""
+    """OV circuits ``OV_h = (W_O,h W_V,h)^T``: (H, D) for one output (W_O (H, D)), else (H, D, T);
+    head h's value of token z is OV_h^T z."""
     w = _weights(w)
-    return np.einsum("hk,hkj->hj", w["WO"], w["WV"])
+    if w["WO"].ndim == 2:
+        return np.einsum("hk,hkj->hj", w["WO"], w["WV"])
+    return np.einsum("htk,hkj->hjt", w["WO"], w["WV"])
+
+
+def omega(kq_, d: int, per_coordinate: bool = False) -> np.ndarray:
+    """omega of every head, from KQ (..., D, D): the mean of the first d diagonal entries
+    (...), or with ``per_coordinate`` the d entries themselves (..., d)."""
+    diag = np.diagonal(_np(kq_)[..., :d, :d], axis1=-2, axis2=-1)
+    return diag.copy() if per_coordinate else diag.mean(-1)
+
+
+def mu(ov_, d: int, outputs: int = 1) -> np.ndarray:
+    """mu of every head, from OV (..., D) (one output) or (..., D, T): the weight OV[d + t, t] of
+    label slot t on output t; (...) for one output, else (..., T)."""
+    V = _np(ov_)
+    if outputs == 1:
+        return V[..., d] if V.shape[-1] == d + 1 else V[..., d, 0]
+    return np.stack([V[..., d + t, t] for t in range(outputs)], -1)
 
 
 def omega_mu(w: Mapping) -> tuple[np.ndarray, np.ndarray]:
-    """(omega, mu), each of shape (H,): omega_h = mean(diag(KQ_h)[:d]), mu_h = OV_h[-1]."""
-    K = kq(w)
-    d = K.shape[-1] - 1
-    omega = np.einsum("hii->hi", K[:, :d, :d]).mean(axis=1)
-    mu = ov(w)[:, -1]
-    return omega, mu
+    """(omega (H,), mu (H,) or (H, T)) of a weight dict: :func:`omega`, :func:`mu`."""
+    K, V = kq(w), ov(w)
+    T = 1 if V.ndim == 2 else V.shape[-1]
+    d = K.shape[-1] - T
+    return omega(K, d), mu(V, d, T)
+
+
+def diag_ratio(kq_, d: int) -> np.ndarray:
+    """||diag(KQ[:d,:d])|| / ||KQ[:d,:d]||_F of KQ (..., D, D) (1: exactly diagonal; NaN for 0)."""
+    block = _np(kq_)[..., :d, :d]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
 
 
 def pattern_metrics(w: Mapping) -> list[dict]:
@@ -118,43 +238,46 @@ def pattern_metrics(w: Mapping) -> list[dict]:
     return circuit_metrics(kq(w), ov(w))
 
 
-def circuit_metrics(kq_, ov_) -> list[dict]:
-    """Per-head pattern metrics from circuits KQ (H,D,D) and OV (H,D) (e.g. a logged snapshot).
+def circuit_metrics(kq_, ov_, outputs: int = 1) -> list[dict]:
+    """Per-head pattern metrics from circuits KQ (H,D,D) and OV (H,D) (one output) or (H,D,T)
+    (e.g. a logged snapshot); D = d + T.
 
-    Only ``KQ[:d, :d]`` (and the last row ``KQ[d, :d]``) enter; the last KQ column multiplies the
-    query's always-zero label slot and is excluded.
+    Only ``KQ[:d, :d]`` (and the label rows ``KQ[d:, :d]``) enter; the last T KQ columns multiply
+    the query's always-zero label slots and are excluded.
 
     Keys:
       ``diag_ratio``       ||diag(KQ[:d,:d])|| / ||KQ[:d,:d]||_F   (1 = exactly diagonal)
       ``diag_homogeneity`` Var(diag) / mean(diag)^2 of the d diagonal entries (0 = proportional
                            to the identity; population variance)
-      ``last_row_ratio``   ||KQ[d,:d]|| / ||KQ[:,:d]||_F (0 = the label key does not score)
-      ``ov_last_ratio``    |OV[-1]| / ||OV||                       (1 = last-entry-only)
-      ``sign_match``       sign(omega) == sign(mu)
-      ``omega``, ``mu``    the two head parameters
+      ``last_row_ratio``   ||KQ[d:,:d]||_F / ||KQ[:,:d]||_F (0 = the label keys do not score)
+      ``ov_last_ratio``    ||mu|| / ||OV||_F   (1 = each output reads only its own label slot)
+      ``sign_match``       sign(omega) == sign(mu_t) for every output t
+      ``omega``, ``mu``    the head parameters (mu a number for one output, else a T-vector)
     """
     K, V = _np(kq_), _np(ov_)
-    if K.ndim != 3 or V.shape != K.shape[:2]:
-        raise ValueError(f"need KQ (H,D,D) and OV (H,D); got {K.shape} and {V.shape}")
-    d = K.shape[-1] - 1
+    T = int(outputs)
+    check_int("outputs", T, 1)
+    want = K.shape[:2] if T == 1 and V.ndim == 2 else (*K.shape[:2], T)
+    if K.ndim != 3 or V.shape != want:
+        raise ValueError(f"need KQ (H,D,D) and OV {'(H,D)' if T == 1 else f'(H,D,{T})'}; got {K.shape} and {V.shape}")
+    d = K.shape[-1] - T
+    ratios, omegas, mus = diag_ratio(K, d), omega(K, d), mu(V, d, T)
     out = []
     for h in range(K.shape[0]):
-        block = K[h, :d, :d]
-        diag = np.diag(block)
-        fro = float(np.linalg.norm(block))
-        mean = float(diag.mean())
-        omega, mu = mean, float(V[h, -1])
+        diag = np.diag(K[h, :d, :d])
+        om = float(omegas[h])
+        m = float(mus[h]) if T == 1 else mus[h]
         out.append(
             {
                 "head": h,
-                "diag_ratio": float(np.linalg.norm(diag)) / fro if fro > 0 else float("nan"),
-                "diag_homogeneity": float(diag.var()) / mean**2 if mean != 0 else float("inf"),
-                "last_row_ratio": float(np.linalg.norm(K[h, d, :d]))
+                "diag_ratio": float(ratios[h]),
+                "diag_homogeneity": float(diag.var()) / om**2 if om != 0 else float("inf"),
+                "last_row_ratio": float(np.linalg.norm(K[h, d:, :d]))
                 / max(float(np.linalg.norm(K[h, :, :d])), 1e-300),
-                "ov_last_ratio": abs(mu) / max(float(np.linalg.norm(V[h])), 1e-300),
-                "sign_match": bool(np.sign(omega) == np.sign(mu) and omega != 0),
-                "omega": omega,
-                "mu": mu,
+                "ov_last_ratio": float(np.linalg.norm(m)) / max(float(np.linalg.norm(V[h])), 1e-300),
+                "sign_match": bool(np.all(np.sign(om) == np.sign(m)) and om != 0),
+                "omega": om,
+                "mu": m,
             }
         )
     return out
@@ -163,7 +286,8 @@ def circuit_metrics(kq_, ov_) -> list[dict]:
 def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
     """Label each head "positive", "negative" or "dummy".
 
-    Rule: a head's contribution is ``c_h = |omega_h * mu_h|`` (its share of the linearised GD
+    Rule: a head's contribution is ``c_h = |omega_h * mu_h|`` (``|omega_h| ||mu_h||`` for T
+    outputs, mu (H, T)) (its share of the linearised GD
     step, see :func:`linearized_step`). A head is **dummy** when ``c_h < dummy_frac * max_h c_h``
     (default 5% of the largest head), or when every head has ``c_h = 0``. Otherwise it is
     **positive** if ``omega_h > 0`` and **negative** if ``omega_h < 0``. Sign matching of omega
@@ -173,10 +297,11 @@ def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
     -0.13, 0)) and on trained ones; a single-head model is never dummy unless its c is 0.
     """
     check("dummy_frac", dummy_frac, is_real(dummy_frac) and 0 <= dummy_frac < 1, "a number in [0, 1)")
-    omega, mu = _np(omega).ravel(), _np(mu).ravel()
-    if omega.shape != mu.shape:
-        raise ValueError(f"omega {omega.shape} and mu {mu.shape} must have the same shape")
-    c = np.abs(omega * mu)
+    omega, mu = _np(omega).ravel(), _np(mu)
+    mu = mu.ravel() if mu.size == omega.size else mu
+    if mu.shape[:1] != omega.shape or mu.ndim > 2:
+        raise ValueError(f"omega {omega.shape} and mu {mu.shape}: need mu (H,) or (H, T) for H omegas")
+    c = np.abs(omega) * (np.abs(mu) if mu.ndim == 1 else np.linalg.norm(mu, axis=1))
     cmax = float(c.max()) if c.size else 0.0
     out = []
     for h in range(omega.size):
@@ -245,19 +370,16 @@ def pair_state(kq_, ov_, dummy_frac: float = 0.05) -> str:
     return "same-sign" if s["n_dummy"] == 0 else "other"
 
 
-def circuit_predict(kq_, ov_, X, y, xq):
-    """Exact prediction of the attention layer from its circuits (no approximation).
+def circuit_predict(kq_, ov_, X, y, xq, activation="softmax", n_train=None):
+    """Exact prediction of the attention layer from its circuits (no approximation): the tokens
+    [X; y] through :func:`forward`.
 
-    ``kq_`` (H,D,D) and ``ov_`` (H,D) as returned by :func:`kq` / :func:`ov` (numpy or torch);
-    ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors. Returns (B,) in X's dtype/device.
+    ``kq_`` (H,D,D) and ``ov_`` (H,D) or (H,D,T) as returned by :func:`kq` / :func:`ov` (numpy
+    or torch); ``X`` (B,n,d), ``y`` (B,n) or (B,n,T), ``xq`` (B,d) torch tensors. Returns (B,)
+    or (B,T) in X's dtype/device.
     """
-    K = torch.as_tensor(_np(kq_), dtype=X.dtype, device=X.device)
-    V = torch.as_tensor(_np(ov_), dtype=X.dtype, device=X.device)
-    Z = torch.cat([X, y.unsqueeze(-1)], dim=-1)  # (B,n,D)
-    zq = torch.cat([xq, torch.zeros_like(xq[..., :1])], dim=-1)  # (B,D)
-    scores = torch.einsum("bni,hij,bj->bhn", Z, K, zq)
-    values = torch.einsum("bni,hi->bhn", Z, V)
-    return (torch.softmax(scores, dim=-1) * values).sum(dim=(-1, -2))
+    Z = torch.cat([X, y.unsqueeze(-1) if y.dim() == X.dim() - 1 else y], dim=-1)  # (B,n,D)
+    return forward(kq_, ov_, Z, xq, activation, n_train)
 
 
 def summarize(w: Mapping, dummy_frac: float = 0.05) -> dict:
@@ -266,7 +388,8 @@ def summarize(w: Mapping, dummy_frac: float = 0.05) -> dict:
 
 
 def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
-    """Per-head metrics and classes plus model-level numbers, from KQ (H,D,D) and OV (H,D).
+    """Per-head metrics and classes plus model-level numbers, from KQ (H,D,D) and OV (H,D) (one
+    output: the chapters' reading of a layer as gradient descent on one label).
 
     Returns a dict with
       ``heads``          list of per-head dicts (:func:`circuit_metrics` plus ``class``)
@@ -279,6 +402,7 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
                          over the non-dummy heads (dummy heads are excluded, as in the paper)
       ``n_positive``, ``n_negative``, ``n_dummy``
     """
+    check("ov", np.shape(ov_), _np_shape(ov_) == 2, "OV (H, D): one output (the GD reading of one label)")
     rows = circuit_metrics(kq_, ov_)
     omega = np.array([r["omega"] for r in rows])
     mu = np.array([r["mu"] for r in rows])
@@ -420,3 +544,42 @@ def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
     M = torch.as_tensor(M, dtype=X.dtype, device=X.device)
     u = xq * M if M.dim() == 0 else xq @ M.T
     return torch.softmax((X @ u.unsqueeze(-1))[..., 0], -1)
+
+
+# ----------------------------------------------------------------------------- chapter 2's nulls
+def metrics_of_heads(kq_, ov_, classes: Sequence[str]) -> dict:
+    """The model-level pattern numbers of :func:`summarize_circuits` (one output) over the heads
+    that ``classes`` marks live, without classifying the heads again: apply the trained model's classes
+    to its circuits at initialisation (a logged snapshot) to get the null "the same heads before
+    training" of a pattern claim.
+
+    Keys: ``min_diag_ratio``, ``min_ov_last_ratio``, ``max_last_row_ratio``, ``omega_spread``
+    (max / min |omega_h|), ``sign_match`` (the fraction of live heads with sign(omega) =
+    sign(mu)), ``n_sign_match``, ``n_live`` (over the live heads) and ``mu_balance``
+    (|sum_h mu_h| / sum_h |mu_h| over all heads).
+    """
+    rows = circuit_metrics(kq_, ov_)
+    if len(classes) != len(rows):
+        raise ValueError(f"{len(classes)} classes for {len(rows)} heads")
+    live = [r for r, c in zip(rows, classes) if c != "dummy"]
+    mu_all = np.array([r["mu"] for r in rows])
+    nan = float("nan")
+    absw = [abs(r["omega"]) for r in live]
+    reduce = {"min_diag_ratio": (min, "diag_ratio"), "min_ov_last_ratio": (min, "ov_last_ratio"),
+              "max_last_row_ratio": (max, "last_row_ratio")}
+    out = {key: pick((r[m] for r in live), default=nan) for key, (pick, m) in reduce.items()}
+    n_match = sum(r["sign_match"] for r in live)
+    out.update(omega_spread=max(absw) / min(absw) if absw and min(absw) > 0 else nan,
+               n_sign_match=n_match, n_live=len(live),
+               sign_match=n_match / len(live) if live else nan,
+               mu_balance=(abs(float(mu_all.sum())) / float(np.abs(mu_all).sum())
+                           if np.abs(mu_all).sum() > 0 else nan))
+    return out
+
+
+def authors_omega_factor(d: int) -> float:
+    """sqrt((d + 1) / (d + 2)): the authors' public code logs omega from ``W_K^T W_Q / sqrt(d + 2)``
+    while its model scales the scores by ``1 / sqrt(d + 1)`` (as :func:`kq` does), so the omega of
+    their logs, plots and Table 1 is this factor (0.926 at d = 5) times the model's own omega."""
+    check("d", d, isinstance(d, int) and d >= 1, "a positive integer")
+    return math.sqrt((d + 1) / (d + 2))

@@ -28,14 +28,15 @@ import torch
 from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
-from .circuits import classify_heads
+from .circuits import classify_heads, diag_ratio
 from .tasks import LinearRegression
 from .util import check, check_int, check_real, check_regression
 
 __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
     "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
-    "established_at", "training_stages", "fit_time_scale",
+    "established_at", "training_stages", "fit_time_scale", "flow_without_exp", "trajectory_gap", "gd_time",
+    "approx_loss_without_exp", "stage1_timing",
 ]
 
 
@@ -194,7 +195,8 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
 # ------------------------------------------------------------------------------ gradient flow
 @dataclass
 class Trajectory:
-    """A gradient-flow solution sampled at times ``t`` (T,): ``omega``, ``mu`` (T, H), ``loss`` (T,) = Ltilde."""
+    """A gradient-flow solution sampled at times ``t`` (steps,): ``omega``, ``mu`` (steps, H),
+    ``loss`` (steps,) = Ltilde."""
 
     t: np.ndarray
     omega: np.ndarray
@@ -233,12 +235,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     def rhs(_t, y):  # flow_rhs, checked once above
         return -0.5 * np.concatenate(_grad(y[:H], y[H:], c, d))
 
-    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
-    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
-                    atol=atol, dense_output=True)
-    if not sol.success:
-        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
-    w, m = sol.y[:H].T.copy(), sol.y[H:].T.copy()
+    sol, w, m = _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol)
     return Trajectory(t=sol.t, omega=w, mu=m, loss=np.asarray(approx_loss(w, m, n, d, sigma2)), n=n, d=d,
                       sigma2=float(sigma2), solver=f"{method}, rtol {rtol:g}, atol {atol:g}", dense=sol.sol)
 
@@ -310,7 +307,7 @@ def ode_phases(traj: Trajectory, rate_frac: float = 0.9, ratio_tol: float = 0.01
 # ---------------------------------------------------------------------- patterns over training
 @dataclass
 class Patterns:
-    """Pattern metrics at each logged step (T,) of one model (see :func:`pattern_history`)."""
+    """Pattern metrics at each logged step (steps,) of one model (see :func:`pattern_history`)."""
 
     steps: np.ndarray
     sign_match: np.ndarray  # fraction of live heads with sign(omega_h) = sign(mu_h)
@@ -318,28 +315,31 @@ class Patterns:
     spread: np.ndarray  # max / min of |omega_h| over live heads (1 = homogeneous KQ scaling)
     diag_ratio: np.ndarray | None  # min over live heads of ||diag KQ[:d,:d]|| / ||KQ[:d,:d]||_F (needs kq)
     n_live: np.ndarray  # number of live heads
-    live: np.ndarray  # (T, H) bool
+    live: np.ndarray  # (steps, H) bool
 
 
-def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05) -> Patterns:
-    """The pattern metrics of section 4.2 over training, from omega (T, H), mu (T, H) and optionally KQ (T, H, D, D).
+def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_frac: float = 0.05,
+                    outputs: int = 1) -> Patterns:
+    """The pattern metrics of section 4.2 over training, from omega (steps, H), mu (steps, H) and
+    optionally KQ (steps, H, D, D).
 
     A head is **live** when ``iclnb.circuits.classify_heads`` does not call it dummy (its
     |omega_h mu_h| is at least ``dummy_frac`` of the largest head's), judged at each logged step
     (``live="step"``) or once at the last step for the whole history (``live="final"``: the
-    paper's exclusion of the heads that end as dummies). The diag ratio uses KQ[:d, :d] only (the
-    last column multiplies the query's always-zero label slot), as ``circuits.circuit_metrics``.
+    paper's exclusion of the heads that end as dummies). The diag ratio
+    (:func:`iclnb.circuits.diag_ratio`) uses KQ[:d, :d] only, d = D - ``outputs`` (the last
+    columns multiply the query's always-zero label slots), as ``circuits.circuit_metrics``.
     With no live head the sign fraction, spread and diag ratio are NaN.
     """
     w, m = _pair(omega, mu)
-    check("omega", w.shape, w.ndim == 2, "an array (T, H): one row per logged step")
-    T, H = w.shape
-    steps = np.arange(T) if steps is None else np.asarray(steps)
-    check("steps", steps.shape, steps.shape == (T,), f"a vector of {T} logged steps")
+    check("omega", w.shape, w.ndim == 2, "an array (steps, H): one row per logged step")
+    n_log, H = w.shape
+    steps = np.arange(n_log) if steps is None else np.asarray(steps)
+    check("steps", steps.shape, steps.shape == (n_log,), f"a vector of {n_log} logged steps")
     check("live", live, live in ("step", "final"), "'step' or 'final'")
-    judged = [T - 1] if live == "final" else range(T)
+    judged = [n_log - 1] if live == "final" else range(n_log)
     rows = [np.array(classify_heads(w[i], m[i], dummy_frac)) != "dummy" for i in judged]
-    alive = np.broadcast_to(np.array(rows), (T, H)).copy()
+    alive = np.broadcast_to(np.array(rows), (n_log, H)).copy()
     n_live = alive.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         match = (np.sign(w) == np.sign(m)) & (w != 0)
@@ -350,12 +350,9 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
     diag = None
     if kq is not None:
         K = _arr("kq", kq)
-        check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (T, H) and K.shape[2] == K.shape[3] >= 2,
-              f"an array (T, H, D, D) with T = {T}, H = {H}")
-        dd = K.shape[-1] - 1
-        block = K[..., :dd, :dd]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
+        check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (n_log, H) and K.shape[2] == K.shape[3] >= 2,
+              f"an array (steps, H, D, D) with n_log = {n_log}, H = {H}")
+        r = diag_ratio(K, K.shape[-1] - outputs)
         diag = np.where(n_live > 0, np.where(alive, r, np.inf).min(1), np.nan)
     return Patterns(steps=steps, sign_match=sign, zero_sum=zero, spread=spread, diag_ratio=diag, n_live=n_live,
                     live=alive)
@@ -418,8 +415,109 @@ def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[f
     check_real("frac", frac, strict=True)
     w = _arr("omega", omega)
     steps = np.asarray(steps, dtype=np.float64)
-    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (T, H) with T = {steps.size}")
+    check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (steps, H) with n_log = {steps.size}")
     h1, h2 = _landmarks(steps, np.abs(w).mean(1), frac)
     o1, o2 = _landmarks(traj.t, np.abs(traj.omega).mean(1), frac)
     s = (o2 - o1) / (h2 - h1)
     return float(s), float(o1 - s * h1)
+
+
+# ------------------------------------------------------- plain gradient descent against the flow
+def _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol):
+    """solve_ivp of a flow in (omega, mu) with dense output: (solution, omega (steps, H), mu (steps, H))."""
+    H = w0.size
+    t = np.linspace(0.0, t_end, num) if t_eval is None else np.asarray(t_eval, dtype=np.float64)
+    sol = solve_ivp(rhs, (0.0, float(t_end)), np.concatenate([w0, m0]), method=method, t_eval=t, rtol=rtol,
+                    atol=atol, dense_output=True)
+    if not sol.success:
+        raise RuntimeError(f"solve_ivp ({method}) failed: {sol.message}")
+    return sol, sol.y[:H].T.copy(), sol.y[H:].T.copy()
+
+
+def flow_without_exp(omega0, mu0, t_end: float, sigma2: float, *, t_eval=None, num: int = 4001,
+                     method: str = "DOP853", rtol: float = 1e-9, atol: float = 1e-12) -> Trajectory:
+    """The null of the gradient flow: the flow of Ltilde/2 with its exp term dropped (c = 0),
+    Ltilde_0 = 1 + sigma2 - 2 mu^T omega + (mu^T omega)^2, the loss of a model whose heads only
+    add up a linear predictor (linear attention's picture at large n): nothing penalises
+    sum_h mu_h and nothing pulls omega back, so |omega| does not peak. Same solver and sampling
+    as :func:`gradient_flow`; ``Trajectory.loss`` holds Ltilde_0 and ``n`` is None (so
+    :func:`ode_phases` does not apply)."""
+    check_real("sigma2", sigma2)
+    w0, m0 = _pair(omega0, mu0)
+    check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
+    check_real("t_end", t_end, strict=True)
+    check_int("num", num, 2)
+    H = w0.size
+
+    def rhs(_t, y):  # -1/2 grad Ltilde_0
+        w, m = y[:H], y[H:]
+        r = 1.0 - w @ m
+        return np.concatenate([m * r, w * r])
+
+    sol, w, m = _solve(rhs, w0, m0, t_end, t_eval, num, method, rtol, atol)
+    loss = 1.0 + sigma2 - 2.0 * (w * m).sum(1) + (w * m).sum(1) ** 2
+    return Trajectory(t=sol.t, omega=w, mu=m, loss=loss, n=None, d=None, sigma2=float(sigma2),
+                      solver=f"{method}, rtol {rtol:g}, atol {atol:g}", dense=sol.sol)
+
+
+def trajectory_gap(omega_a, mu_a, omega_b, mu_b) -> float:
+    """The sup distance of two trajectories sampled at the same times: the largest over samples
+    of the root mean square, over heads and both coordinates, of (omega_a - omega_b, mu_a - mu_b);
+    each argument (steps, H). A norm on trajectories, so the triangle inequality holds: a trajectory
+    nearer to one of two others than half their gap is farther than that from the other."""
+    wa, ma = _pair(omega_a, mu_a)
+    wb, mb = _pair(omega_b, mu_b)
+    check("omega_b", wb.shape, wb.shape == wa.shape and wa.ndim == 2, f"an array of shape {wa.shape}, as omega_a")
+    sq = np.concatenate([wa - wb, ma - mb], axis=-1) ** 2
+    return float(np.sqrt(sq.mean(-1)).max())
+
+
+def gd_time(steps, lr: float) -> np.ndarray:
+    """Flow time of plain gradient descent steps: 2 lr step. The engine's loss is the MSE (no 1/2)
+    while the flow runs on Ltilde/2, so a step theta -= lr grad L moves theta as the flow does in time
+    2 lr (to first order in lr)."""
+    check_real("lr", lr, strict=True)
+    return 2.0 * float(lr) * np.asarray(steps, dtype=np.float64)
+
+
+def approx_loss_without_exp(omega, mu, sigma2: float):
+    """Ltilde without its exp term (the null of :func:`approx_loss`): 1 + sigma2 - 2 mu^T omega +
+    (mu^T omega)^2, the loss of heads that only add up a linear predictor; (..., H) -> (...)."""
+    check_real("sigma2", sigma2)
+    w, m = _pair(omega, mu)
+    s = (w * m).sum(-1)
+    return _out(1.0 + sigma2 - 2.0 * s + s**2)
+
+
+def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: float, log_every: int) -> dict:
+    """Stage I of plain gradient descent runs from one start, on the flow's clock, against the flow
+    of Ltilde/2 and its null (:func:`flow_without_exp`) from the same start.
+
+    ``omega_runs``, ``mu_runs``: (R, steps, H), R runs from one start (their first rows) on
+    independent prompt streams, logged at flow times ``t`` (:func:`gd_time`). Stage I is dated by
+    :func:`training_stages` on :func:`pattern_history` (inf when not established by the end).
+    Returns ``t_gd`` (R,), ``t_flow``, ``t_null`` and ``tol``, the tolerance of the runs' mean time:
+    the clock's relative error, 1/n (the terms Ltilde drops) + 2 lr (the discretisation), times
+    t_flow, plus one logging interval 2 lr log_every, plus 3 standard errors of the mean over the
+    runs (the batch noise); and the trajectories ``flow`` and ``null``.
+    """
+    check_real("lr", lr, strict=True)
+    check_int("log_every", log_every, 1)
+    W, M = _pair(omega_runs, mu_runs)
+    t = np.asarray(t, dtype=np.float64)
+    check("omega_runs", W.shape, W.ndim == 3 and W.shape[0] >= 2 and W.shape[1] == t.size,
+          f"an array (runs, steps, H) with at least 2 runs and {t.size} steps")
+
+    def stage1(w, m):
+        v = training_stages(pattern_history(w, m, steps=t))["stage_I"]
+        return np.inf if v is None else float(v)
+
+    flow = gradient_flow(W[0, 0], M[0, 0], t[-1], n, d, sigma2, t_eval=t)
+    null = flow_without_exp(W[0, 0], M[0, 0], t[-1], sigma2, t_eval=t)
+    t_gd = np.array([stage1(W[r], M[r]) for r in range(W.shape[0])])
+    t_flow = stage1(flow.omega, flow.mu)
+    with np.errstate(invalid="ignore"):
+        se = float(t_gd.std(ddof=1)) / np.sqrt(W.shape[0])
+    tol = (1.0 / n + 2.0 * lr) * t_flow + 2.0 * lr * log_every + 3.0 * se
+    return {"t_gd": t_gd, "t_flow": t_flow, "t_null": stage1(null.omega, null.mu), "tol": tol, "flow": flow,
+            "null": null}

@@ -12,7 +12,10 @@ The general pieces live in the shared modules: the task ``lipschitz``
 the metrics of M (:func:`iclnb.circuits.proportional_error`, ``window``, ``principal_angles``)
 and the fits (:func:`iclnb.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
 is here: :func:`window_curves` / :func:`optimal_window`, the Monte Carlo loss over M = w I split
-into bias and noise.
+into bias and noise, and the chapter's null predictors: :func:`best_fixed_window` (one window for
+many tasks, chosen without knowing L), :func:`kernel_unit` (a unit with given kernel matrices,
+e.g. fixed windows w I) and :func:`fit_linear_attention` (the best linear attention, with or
+without the intercept it lacks, by least squares).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from .models import MODELS
 from .tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
-from .util import check_real, check_reals, generator
+from .util import check, check_int, check_real, check_reals, generator
 
 
 def window_curves(task: LipschitzRegression, ws, num_prompts: int = 20_000, seed: int = 0, shape=None,
@@ -55,7 +59,8 @@ def window_curves(task: LipschitzRegression, ws, num_prompts: int = 20_000, seed
 
 def optimal_window(curves: dict, sigma: float, scale: float = 1.0) -> tuple[float, float]:
     """(w*, loss at w*) minimising scale^2 bias + sigma^2 spread over the grid of ``curves``,
-    refined by a parabola in log w through the best grid point and its neighbours. ``scale``
+    refined by a parabola in log w through the best grid point and its neighbours (w* and the
+    loss are the parabola's vertex; at the grid's ends, the end point). ``scale``
     rescales the functions: for the affine and ReLU classes f is proportional to L, so curves
     at L = 1 give every L with scale = L (not for cosine, whose L is a frequency)."""
     check_real("sigma", sigma)
@@ -68,5 +73,74 @@ def optimal_window(curves: dict, sigma: float, scale: float = 1.0) -> tuple[floa
         if den > 0:
             h0, h1 = lw[i] - lw[i - 1], lw[i + 1] - lw[i]
             if abs(h0 - h1) < 1e-9 * h0:  # a log-uniform grid: the vertex of the parabola
-                return float(np.exp(lw[i] + 0.5 * h0 * (y0 - y2) / den)), float(y1)
+                return (float(np.exp(lw[i] + 0.5 * h0 * (y0 - y2) / den)),
+                        float(y1 - (y2 - y0) ** 2 / (8 * den)))
     return float(curves["w"][i]), float(risk[i])
+
+
+def best_fixed_window(curves: list, sigmas, scales) -> float:
+    """The one window w (the vertex in log w, as :func:`optimal_window`) that minimises the loss
+    summed over several tasks: task j's loss is ``scales[j]``^2 bias + ``sigmas[j]``^2 spread of
+    ``curves[j]`` (all on the same grid of w). A window chosen without knowing which task comes:
+    roughly what pretraining on the mixture of the tasks would pick."""
+    check("curves", len(curves), len(curves) >= 1 and len(curves) == len(sigmas) == len(scales),
+          "a list of curves, as many as sigmas and scales")
+    ws = curves[0]["w"]
+    check("curves", "grids", all(np.array_equal(c["w"], ws) for c in curves), "one grid of w for all")
+    total = {"w": ws, "bias": sum(a**2 * c["bias"] for c, a in zip(curves, scales)),
+             "spread": sum(s**2 * c["spread"] for c, s in zip(curves, sigmas))}
+    return optimal_window(total, 1.0)[0]
+
+
+def kernel_unit(M, device="cpu", dtype=torch.float32):
+    """A ``kernel`` ensemble (direct form) whose member k has the kernel matrix ``M[k]`` (K, d, d):
+    a predictor for :func:`iclnb.predictors.mc_risk`, e.g. a subset of a trained ensemble's
+    matrices, or the null of fixed windows ``w[:, None, None] * np.eye(d)`` that do not adapt."""
+    M = torch.as_tensor(np.asarray(M, dtype=np.float64))
+    check("M", tuple(M.shape), M.dim() == 3 and M.shape[1] == M.shape[2], "shape (K, d, d)")
+    unit = MODELS["kernel"](d=M.shape[1], heads=[1] * M.shape[0], seeds=0, device=device, dtype=dtype,
+                            factorized=False)
+    with torch.no_grad():
+        unit.params()["M"].copy_(M.to(unit.flat.device, unit.flat.dtype))
+    return unit
+
+
+class LinearAttentionFit:
+    """The linear attention unit f(x_q) = (1/n) sum_i y_i x_i^T M_k x_q (+ c_k ybar with the
+    intercept), member k with its own (M_k, c_k): the predictor interface of
+    :func:`iclnb.predictors.mc_risk` (X (K, B, n, d) per member or (B, n, d) shared)."""
+
+    def __init__(self, M: torch.Tensor, c: torch.Tensor):
+        self.M, self.c = M, c
+
+    def __call__(self, X, y, xq):
+        M, c = self.M.to(X), self.c.to(X)
+        s = torch.einsum("bnd,kde,be->kbn" if X.dim() == 3 else "kbnd,kde,kbe->kbn", X, M, xq)
+        return (s * y).mean(-1) + c[:, None] * y.mean(-1)
+
+
+def fit_linear_attention(tasks, intercept: bool = True, num_prompts: int = 20_000, seed: int = 0,
+                         device="cpu", chunk: int = 2000) -> LinearAttentionFit:
+    """The best linear attention unit for each task of ``tasks``, by least squares on
+    ``num_prompts`` prompts of each (stream "linear_fit"): the prediction is linear in its
+    parameters, (1/n) sum_i y_i x_i^T M x_q = <M, (1/n) sum_i y_i x_i x_q^T>, so the population
+    optimum is a regression of y_q on those d^2 features (and on ybar, the intercept linear
+    attention lacks, when ``intercept``): no training run, no optimiser error. Float64."""
+    check_int("num_prompts", num_prompts, 2)
+    Ms, cs = [], []
+    for k, t in enumerate(tasks):
+        g = generator(seed, "linear_fit", k, device=device)
+        d, p = t.d, t.d * t.d + int(intercept)
+        A, b, left = torch.zeros(p, p, dtype=torch.float64), torch.zeros(p, dtype=torch.float64), num_prompts
+        while left > 0:
+            pr = t.sample(min(chunk, left), g, device, torch.float64)
+            F = torch.einsum("bn,bnd,be->bde", pr.y, pr.X, pr.xq).reshape(-1, d * d) / t.n
+            if intercept:
+                F = torch.cat([F, pr.y.mean(-1, keepdim=True)], -1)
+            A += (F.T @ F).cpu()
+            b += (F.T @ pr.yq).cpu()
+            left -= min(chunk, left)
+        theta = torch.linalg.solve(A, b)
+        Ms.append(theta[: d * d].reshape(d, d))
+        cs.append(theta[d * d] if intercept else torch.zeros((), dtype=torch.float64))
+    return LinearAttentionFit(torch.stack(Ms).to(device), torch.stack(cs).to(device))

@@ -11,13 +11,16 @@ the shared stream). The model also declares what the training history logs (``sn
 independent Adams (it is elementwise) and members never interact.
 
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
-another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS``) and ``linear``
-(linear attention), and chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
-matrix per member). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
+another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS`` of
+:mod:`iclnb.circuits`) and ``linear``
+(linear attention), chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
+matrix per member) and chapter 3's ``kernel_sum`` (the sum of kernel regressors, per-head omega_h
+and mu_h as its parameters). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
 Head h has full-width W_Q,h, W_K,h, W_V,h (D x D) and output rows W_O,h (T x D); its circuits
 are KQ_h = W_K,h^T W_Q,h / sqrt(D) (rows: key coordinate, columns: query coordinate) and
 OV_h = (W_O,h W_V,h)^T (D x T; a D-vector for T = 1). The heads of all K members are packed
-along one head axis (M = sum of the members' head counts, no padding).
+along one head axis (Ht = sum of the members' head counts, no padding; ``M`` is kept for the
+kernel matrix of chapters 4 and 5).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .circuits import proportional_error
+from .circuits import ACTIVATIONS, head_outputs, mu, normaliser, omega, proportional_error
 from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype, rowdot
 
 MODELS: dict[str, type] = {}
@@ -68,7 +71,7 @@ class Ensemble(nn.Module):
         self.d, self.T, self.D = int(d), int(outputs), int(d) + int(outputs)
         self.heads, self.K, self.seeds = heads, K, [int(s) for s in seeds]
         self.offsets = [0, *itertools.accumulate(heads)]  # member k owns heads offsets[k]:offsets[k+1]
-        self.M = self.offsets[-1]
+        self.Ht = self.offsets[-1]
         self._layout = dict(self.layout())
         self._sizes = [math.prod(s) for s in self._layout.values()]
         flat = torch.empty(sum(self._sizes), dtype=torch.float64)
@@ -98,7 +101,7 @@ class Ensemble(nn.Module):
         return {}
 
     def member_log(self, logs: dict, k: int) -> dict:
-        """Member k's part of logged snapshots ``logs[name]`` (T_log, packed...), numpy."""
+        """Member k's part of logged snapshots ``logs[name]`` (steps, packed...), numpy."""
         return {}
 
     # ---- shared machinery -----------------------------------------------------------------------
@@ -145,37 +148,25 @@ class Ensemble(nn.Module):
         return loss.detach()
 
 
-# ---- normalised activations phi for p_i = phi(s_i) / sum_j phi(s_j) --------------------------
-def _softplus(s):
-    return nn.functional.softplus(s), torch.sigmoid(s)
-
-
-def _sigmoid(s):
-    p = torch.sigmoid(s)
-    return p, p * (1 - p)
-
-
-ACTIVATIONS = {"softplus": _softplus, "sigmoid": _sigmoid}  # (phi, phi') of the scores
-
-
 class _Attention(Ensemble):
     """One-layer multi-head attention read at the query, computed in folded form.
 
     The loss reads only the query's output, so u_h = KQ_h z_q (the first d columns of KQ_h:
     z_q ends in zeros), scores s_hi = z_i^T u_h and values v_hi = OV_h^T z_i; no attention
     matrix is formed. Subclasses give the kernel: ``_kernel(S) -> (A1, dphi, norm)`` with head
-    output yh = norm * sum_i A1_i v_i (norm (B,M,1) or a number), dphi = phi'(s) on the same
-    scale as A1 (the same tensor for exp; None for phi' = 1), the scores' unit ``score_unit`` and
-    whether the kernel is ``centred`` (normalised by the weights' sum).
+    output yh = norm * sum_i A1_i v_i (norm (B,Ht,1) or a number), dphi = phi'(s) on the same
+    scale as A1 (ignored when ``exp_kernel``: phi' = phi = A1; None for phi' = 1), the scores'
+    unit ``score_unit`` and whether the kernel is ``centred`` (normalised by the weights' sum).
     """
 
     score_unit: ClassVar[float] = 1.0
     centred: ClassVar[bool] = True
+    exp_kernel: ClassVar[bool] = False  # phi = exp: phi' is phi itself (the backward reuses G1)
     init_scales = None  # per-member factors on the default init (a subclass may set them), None: 1
 
     def layout(self):
-        M, D, T = self.M, self.D, self.T
-        return [("WQ", (M, D, D)), ("WK", (M, D, D)), ("WV", (M, D, D)), ("WO", (M, T, D))]
+        Ht, D, T = self.Ht, self.D, self.T
+        return [("WQ", (Ht, D, D)), ("WK", (Ht, D, D)), ("WV", (Ht, D, D)), ("WO", (Ht, T, D))]
 
     def init_member(self, k, gen, views):
         # nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in = D for Q, K, V and H*D
@@ -194,7 +185,7 @@ class _Attention(Ensemble):
 
     @property
     def weights(self):
-        """(W_Q, W_K, W_V, W_O) of all packed heads: (M,D,D) x3 and (M,T,D); views of ``flat``."""
+        """(W_Q, W_K, W_V, W_O) of all packed heads: (Ht,D,D) x3 and (Ht,T,D); views of ``flat``."""
         p = self.params()
         return p["WQ"], p["WK"], p["WV"], p["WO"]
 
@@ -205,7 +196,7 @@ class _Attention(Ensemble):
         return w
 
     def circuits(self):
-        """KQ (M,D,D) = W_K^T W_Q / sqrt(D) and OV (M,D,T) = (W_O W_V)^T ((M,D) for T = 1)."""
+        """KQ (Ht,D,D) = W_K^T W_Q / sqrt(D) and OV (Ht,D,T) = (W_O W_V)^T ((Ht,D) for T = 1)."""
         WQ, WK, WV, WO = self.weights
         KQ = torch.bmm(WK.transpose(1, 2), WQ) / math.sqrt(self.D)
         OV = torch.bmm(WO, WV).transpose(1, 2)
@@ -216,50 +207,50 @@ class _Attention(Ensemble):
         return {"kq": KQ, "ov": OV}
 
     def member_log(self, logs, k):
-        """kq (T_log,H,D,D), ov (T_log,H,D[,T]); omega = mean of the first d diagonal entries of
-        KQ; mu = the label entry of OV ((T_log,H), or (T_log,H,T) with mu[..., t] = OV[d+t, t])."""
+        """kq (steps,H,D,D), ov (steps,H,D[,T]); omega (steps,H) and mu ((steps,H), or
+        (steps,H,T)) as :func:`iclnb.circuits.omega` / :func:`iclnb.circuits.mu` read them."""
         sl, d = self.member_slice(k), self.d
         kq, ov = logs["kq"][:, sl].copy(), logs["ov"][:, sl].copy()
-        omega = np.diagonal(kq[:, :, :d, :d], axis1=-2, axis2=-1).mean(-1)
-        mu = ov[..., d] if self.T == 1 else np.stack([ov[..., d + t, t] for t in range(self.T)], -1)
-        return {"kq": kq, "ov": ov, "omega": omega, "mu": mu}
+        return {"kq": kq, "ov": ov, "omega": omega(kq, d), "mu": mu(ov, d, self.T)}
 
     # ---- forward ------------------------------------------------------------------------------
     def _kernel(self, S):
         raise NotImplementedError
 
     def _heads(self, Zt, xq):
-        """Head outputs yh (B,M,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
+        """Head outputs yh (B,Ht,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
         reads. One product gives every head's u = KQ z_q (times ``score_unit``) and OV, one
-        batched product their scores S (B,M,n) and values V (B,M,T,n) against all n tokens."""
+        batched product their scores S (B,Ht,n) and values V (B,Ht,T,n) against all n tokens."""
         WQ, WK, WV, WO = self.weights
-        B, M, D, d, T = xq.shape[0], self.M, self.D, self.d, self.T
-        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (M,D,d)
-        OV = torch.bmm(WO, WV)  # (M,T,D)
-        A = KQx.new_zeros(d + 1, M * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
-        A[:d, :M] = KQx.permute(2, 0, 1)
-        A[d, M:] = OV.reshape(M * T, D)
+        B, Ht, D, d, T = xq.shape[0], self.Ht, self.D, self.d, self.T
+        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
+        OV = torch.bmm(WO, WV)  # (Ht,T,D)
+        A = KQx.new_zeros(d + 1, Ht * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
+        A[:d, :Ht] = KQx.permute(2, 0, 1)
+        A[d, Ht:] = OV.reshape(Ht * T, D)
         A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
-        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, M * (1 + T), D), Zt)
-        A1, dphi, norm = self._kernel(SV[:, :M])
-        # (B,M,D): sum_i A1_i z_i. Products with Z = Zt^T in this orientation (both operands
+        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, Ht * (1 + T), D), Zt)
+        A1, dphi, norm = self._kernel(SV[:, :Ht])
+        # (B,Ht,D): sum_i A1_i z_i. Products with Z = Zt^T in this orientation (both operands
         # contiguous) run several times faster on CPU than Zt @ A1^T, the same numbers transposed.
         G1 = torch.bmm(A1, Zt.transpose(1, 2))
         if T == 1:  # OV^T sum_i A1_i z_i = sum_i A1_i v_i
-            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,M,1)
+            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,Ht,1)
         else:
             yh = torch.einsum("bmd,mtd->bmt", G1, OV) * norm
-        return yh, (SV[:, M:].view(B, M, T, -1), A1, dphi, G1, norm)
+        return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
 
     def _predict_members(self, Z, xq):
-        """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code."""
+        """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
+        forward from circuits, :func:`iclnb.circuits.head_outputs`, with this model's kernel)."""
         KQ, OV = self.circuits()
-        OV = OV.view(self.M, self.D, self.T)
-        Zh, xh = Z[self.head_member], xq[self.head_member]  # (M,B,n,D), (M,B,d)
-        S = torch.einsum("mbnd,mde,mbe->mbn", Zh, KQ[:, :, : self.d] * self.score_unit, xh)
-        A1, _, norm = self._kernel(S.transpose(0, 1))  # (B,M,n)
-        V = torch.einsum("mbnd,mdt->mbnt", Zh, OV)
-        yh = torch.einsum("bmn,mbnt->mbt", A1 * norm, V)
+        KQ = KQ * self.score_unit
+
+        def weights(S):
+            A1, _, norm = self._kernel(S)
+            return A1 * norm
+
+        yh = head_outputs(KQ, OV.view(self.Ht, self.D, self.T), Z[self.head_member], xq[self.head_member], weights)
         out = yh.new_zeros(self.K, *yh.shape[1:]).index_add_(0, self.head_member, yh)
         return out[..., 0] if self.T == 1 else out
 
@@ -281,42 +272,42 @@ class _Attention(Ensemble):
             self.flat.grad = torch.zeros_like(self.flat)
         gQ, gK, gV, gO = self.params(self.flat.grad).values()
         WQ, WK, WV, WO = self.weights
-        B, d, D, M, T = xq.shape[0], self.d, self.D, self.M, self.T
+        B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
         Zt = Z.transpose(1, 2)
         yh, (V, A1, dphi, G1, norm) = self._heads(Zt, xq)
         # gn = dL/dyh per head, up to the factor 2/(B T) (applied on the small tensors at the end),
         # times norm. With p_i = phi(s_i) / sum phi and w_i = sum_t gn_t v_ti, c = sum_t gn_t yh_t:
         #   centred kernels: dL/ds_i = phi'(s_i) (w_i - c);  linear: dL/ds_i = w_i (phi' = 1, no c).
-        # _kernel gives phi' (dphi; the same tensor as A1 for exp, None for phi' = 1). One output
+        # _kernel gives phi' (dphi; unused for exp, where phi' = phi = A1; None for phi' = 1). One output
         # (T = 1) takes plain elementwise forms: tiny matrix products cost more than they compute.
         if T == 1:  # gn is one number per head: scale after the product (as for the centring)
             err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
             loss = torch.mean(err.square(), 0, out=loss_out)
-            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,M,1)
+            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,Ht,1)
             A2 = V[:, :, 0] if dphi is None else V[:, :, 0] * dphi
             Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,M,D)
+            G2 = torch.bmm(A2, Z)  # (B,Ht,D)
             if self.centred:
-                G2 -= (G1 if dphi is A1 else torch.bmm(dphi, Z)) * yh
+                G2 -= (G1 if self.exp_kernel else torch.bmm(dphi, Z)) * yh
             G2.mul_(gn)  # dL/du up to the constant factor
         else:
             err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
             loss = err.square().mean((0, 2))
             loss = loss if loss_out is None else loss_out.copy_(loss)
-            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,M,T)
-            A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,M,n)
+            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,Ht,T)
+            A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,Ht,n)
             if dphi is not None:
                 A2 = A2.mul_(dphi)
             Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,M,D): dL/du up to the constant factor
+            G2 = torch.bmm(A2, Z)  # (B,Ht,D): dL/du up to the constant factor
             if self.centred:
-                G3 = G1 if dphi is A1 else torch.bmm(dphi, Z)
+                G3 = G1 if self.exp_kernel else torch.bmm(dphi, Z)
                 G2 -= G3 * (gn * yh).sum(2, keepdim=True)
-        # dL/dP for P = W_O W_V = OV^T, (M,T,D)
+        # dL/dP for P = W_O W_V = OV^T, (Ht,T,D)
         dOV = ((G1 * gn).sum(0).unsqueeze(1) if T == 1
                else torch.einsum("bmd,bmt->mtd", G1, gn)).mul_(2 / (B * T))
         # u = KQx x_q with KQx = W_K^T W_Q[:, :, :d] / sqrt(D): chain into W_Q and W_K
-        dKQx = (xq.T @ G2.reshape(B, M * D)).view(d, M, D).permute(1, 2, 0).mul(2 / (B * T * math.sqrt(D)))
+        dKQx = (xq.T @ G2.reshape(B, Ht * D)).view(d, Ht, D).permute(1, 2, 0).mul(2 / (B * T * math.sqrt(D)))
         torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
         gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
         if T == 1:
@@ -334,6 +325,7 @@ class SoftmaxAttention(_Attention):
     context tokens (the query does not attend to itself), for K members at once."""
 
     name = "softmax"
+    exp_kernel = True
     score_unit = math.log2(math.e)  # scores in log2 units: exp2 is ~4x faster than exp on CPU
 
     def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, init_scale=1.0):
@@ -365,7 +357,7 @@ class NormalizedAttention(_Attention):
 
     def _kernel(self, S):
         phi, dphi = ACTIVATIONS[self.activation](S)
-        return phi, dphi, phi.sum(-1, keepdim=True).reciprocal()
+        return phi, dphi, normaliser(phi)  # 0 where every phi is 0 (a ReLU-type phi), not 0/0
 
 
 @register
@@ -459,3 +451,62 @@ class KernelLinearAttention(_KernelUnit):
     def predict(self, Z, xq):
         s, y = self._scores(Z, xq)
         return (s * y).mean(-1)
+
+
+@register
+class KernelSum(Ensemble):
+    """The sum of kernel regressors (He et al. 2025, eq. 3.2) with its 2H numbers as the
+    parameters: prediction = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q) over the n
+    context tokens (what chapter 2 reads off a trained softmax layer; the same function as
+    ``iclnb.predictors.kernel_sum_predict``). Trained by plain gradient descent with the engine's
+    MSE loss (no 1/2), a step of rate lr moves (omega, mu) as the gradient flow of L/2 does in
+    time 2 lr, so a run at a small rate and a large batch traces the flow of the true loss.
+
+    Init (``init``): ``"pair"`` is Definition B.1's start, omega_h = mu_h = +init_scale for even h
+    and -init_scale for odd h (no randomness); ``"normal"`` draws omega_h, mu_h ~ N(0, init_scale^2)
+    from the member's seed. One output (T = 1).
+    """
+
+    name = "kernel_sum"
+    INITS = ("pair", "normal")
+
+    def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, init="pair",
+                 init_scale=1e-3):
+        check("outputs", outputs, outputs == 1, "1 (the sum of kernel regressors has one output)")
+        check_choice("init", init, self.INITS)
+        check("init_scale", init_scale, is_real(init_scale) and init_scale > 0, "a real number > 0")
+        self.init, self.init_scale = init, float(init_scale)
+        super().__init__(d, heads, outputs, seeds, device, dtype)
+
+    def layout(self):
+        return [("omega", (self.Ht,)), ("mu", (self.Ht,))]
+
+    def init_member(self, k, gen, views):
+        sl, H = self.member_slice(k), self.heads[k]
+        if self.init == "pair":
+            sign = torch.tensor([1.0 if h % 2 == 0 else -1.0 for h in range(H)], dtype=torch.float64)
+            views["omega"][sl] = views["mu"][sl] = self.init_scale * sign
+        else:
+            u = torch.randn(2, H, generator=gen, dtype=torch.float64) * self.init_scale
+            views["omega"][sl], views["mu"][sl] = u[0], u[1]
+
+    def predict(self, Z, xq):
+        p = self.params()
+        omega, mu, d = p["omega"], p["mu"], self.d
+        X, y = Z[..., :d], Z[..., d]
+        s = (X * xq.unsqueeze(-2)).sum(-1)  # (B,n) or (K,B,n): x_i^T x_q
+        if Z.dim() == 4:  # each member on its own prompts: its heads read its prompts
+            s, y = s[self.head_member], y[self.head_member]  # (M,B,n)
+            yh = (torch.softmax(omega[:, None, None] * s, -1) * y).sum(-1) * mu[:, None]  # (M,B)
+            return yh.new_zeros(self.K, yh.shape[1]).index_add_(0, self.head_member, yh)
+        yh = (torch.softmax(omega[None, :, None] * s[:, None, :], -1) * y[:, None, :]).sum(-1) * mu  # (B,M)
+        return (yh @ self.sel).T
+
+    def snapshot(self):
+        p = self.params()
+        return {"omega": p["omega"], "mu": p["mu"]}
+
+    def member_log(self, logs, k):
+        """omega, mu (logged steps, H) of member k."""
+        sl = self.member_slice(k)
+        return {"omega": logs["omega"][:, sl].copy(), "mu": logs["mu"][:, sl].copy()}

@@ -127,23 +127,25 @@ def show_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "
 
 def plot_circuits(kq_, ov_, title: str = "", classes: Sequence[str] | None = None, vmax: float | None = None,
                   per_row: int = 4):
-    """One figure of a model's circuits: per head a KQ heatmap (D x D) above its OV row (1 x D).
+    """One figure of a model's circuits: per head a KQ heatmap (D x D) above its OV rows (T x D).
 
-    Diverging colour map centred at 0, one colour scale for all KQ panels and one for all OV
-    panels (so a dummy head shows as nearly white); at most ``per_row`` heads per row. The last
-    KQ column multiplies the query's always-zero label slot and is hatched as "unused" (it keeps
-    its random init); it is left out of the colour scale. Returns the matplotlib figure.
+    ``ov_`` (H, D) for one output or (H, D, T); D = d + T. Diverging colour map centred at 0,
+    one colour scale for all KQ panels and one for all OV panels (so a dummy head shows as nearly
+    white); at most ``per_row`` heads per row. The last T KQ columns multiply the query's
+    always-zero label slots and are hatched as "unused" (they keep their random init); they are
+    left out of the colour scale. Returns the matplotlib figure.
     """
     K, V = np.asarray(kq_, dtype=float), np.asarray(ov_, dtype=float)
-    H, D = V.shape
-    d = D - 1
-    labels = [f"x{j + 1}" for j in range(d)] + ["y"]
+    V = V[..., None] if V.ndim == 2 else V  # (H, D, T)
+    H, D, T = V.shape
+    d = D - T
+    labels = [f"x{j + 1}" for j in range(d)] + (["y"] if T == 1 else [f"y{t + 1}" for t in range(T)])
     kmax = vmax if vmax is not None else float(np.abs(K[:, :, :d]).max()) or 1.0
     vmax_ov = float(np.abs(V).max()) or 1.0
     ncol = min(H, per_row)
     groups = -(-H // ncol)
     fig, axes = plt.subplots(2 * groups, ncol, figsize=(1.9 * ncol + 1.2, 2.9 * groups + 0.5), squeeze=False,
-                             gridspec_kw={"height_ratios": [D, 1.4] * groups})
+                             gridspec_kw={"height_ratios": [D, 0.4 + T] * groups})
     for ax in axes.ravel():
         ax.set_visible(False)
     for h in range(H):
@@ -152,9 +154,10 @@ def plot_circuits(kq_, ov_, title: str = "", classes: Sequence[str] | None = Non
         a.set_visible(True)
         b.set_visible(True)
         tag = f"\n({classes[h]})" if classes is not None else ""
-        imk = heatmap(a, K[h], title=f"head {h + 1}{tag}", vmax=kmax, mark_cols=[d], xlabels=labels,
-                      ylabels=labels, colorbar=False)
-        imv = heatmap(b, V[h][None, :], vmax=vmax_ov, xlabels=labels, ylabels=["OV"], colorbar=False)
+        imk = heatmap(a, K[h], title=f"head {h + 1}{tag}", vmax=kmax, mark_cols=list(range(d, D)),
+                      xlabels=labels, ylabels=labels, colorbar=False)
+        imv = heatmap(b, V[h].T, vmax=vmax_ov, xlabels=labels,
+                      ylabels=["OV"] if T == 1 else [f"OV{t + 1}" for t in range(T)], colorbar=False)
         if c == 0:
             a.set_ylabel("KQ: key coordinate")
         a.set_xlabel("query coordinate", fontsize=8)

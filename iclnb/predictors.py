@@ -1,9 +1,10 @@
 """Closed-form in-context predictors for linear regression and their risks.
 
 All predictors are batched: ``X`` (B,n,d), ``y`` (B,n), ``xq`` (B,d) torch tensors on any
-device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
-``y_q = beta^T x_q + eps_q``, so every risk here contains the noise variance sigma^2 once
-(beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
+device -> predictions (B,) in X's dtype; with T outputs (labels ``y`` (B,n,T), as a multi-task
+prompt carries them) the linear predictors and the kernel sums give (B,T), one per output.
+Risks are against the **noisy** target ``y_q = beta^T x_q + eps_q``, so every risk here contains
+the noise variance sigma^2 once (beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma^2)).
 
 * vanilla GD      y_hat = (eta/n) sum_i y_i x_i^T x_q
                   R(eta) = 1 + s2 - 2 eta + eta^2 (1 + (d+1)/n + s2 d/n)   (exact, finite n)
@@ -13,6 +14,14 @@ device -> predictions (B,) in X's dtype. Risks are against the **noisy** target
 * ridge / Bayes   beta_hat = (X^T X + lambda I)^{-1} X^T y, lambda = s2 d (posterior mean)
 * kernel sums     y_hat = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q)
                   (a single head is the Nadaraya-Watson regressor of Chen et al.)
+
+Multi-task prompts (``iclnb.tasks.MultiTaskRegression``, T outputs, supports S_t, beta_t ~
+N(0, I_|S_t|)): debiased GD with a diagonal preconditioner, shared by the tasks or one per task
+(:func:`preconditioned_dgd_predict`; the independent debiased GD on each true support is
+:func:`support_dgd_weights`, exact risk :func:`support_dgd_risk`), the least-squares best such
+preconditioner (:func:`fit_preconditioner`), ridge on the true supports
+(:func:`support_ridge_predict`) and the kernel sum with a per-coordinate KQ diagonal
+(:func:`diag_kernel_sum_predict`).
 
 :func:`mc_risk` estimates E(y_hat - y_q)^2 by Monte Carlo on given or freshly sampled prompts,
 and :func:`risk_curve` does so over a range of context lengths. For the kernel unit of chapters
@@ -59,6 +68,14 @@ __all__ = [
     "squared_errors",
     "best_on_grid",
     "kernel_loss_slope",
+    "preconditioned_dgd_predict",
+    "preconditioner_features",
+    "fit_preconditioner",
+    "support_dgd_weights",
+    "support_dgd_risk",
+    "support_ridge_predict",
+    "diag_kernel_sum_predict",
+    "gd_retuned",
 ]
 
 
@@ -66,6 +83,8 @@ __all__ = [
 def gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta: float) -> torch.Tensor:
     """One GD step from 0 on the least-squares loss: (eta/n) sum_i y_i x_i^T x_q."""
     n = X.shape[-2]
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, X, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, X, xq)
 
 
@@ -86,6 +105,8 @@ def debiased_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, eta:
     """Debiased GD (paper eq. 4.11): (eta/n) sum_i y_i (x_i - x_bar)^T x_q, x_bar the context mean."""
     n = X.shape[-2]
     Xc = X - X.mean(dim=-2, keepdim=True)
+    if y.dim() == X.dim():  # T outputs
+        return eta / n * torch.einsum("bnt,bnd,bd->bt", y, Xc, xq)
     return eta / n * torch.einsum("bn,bnd,bd->b", y, Xc, xq)
 
 
@@ -126,6 +147,9 @@ def ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, lam: float
     """Ridge prediction x_q^T (X^T X + lam I)^{-1} X^T y (the posterior mean when lam = sigma2 d)."""
     d = X.shape[-1]
     A = X.transpose(-1, -2) @ X + lam * torch.eye(d, dtype=X.dtype, device=X.device)
+    if y.dim() == X.dim():  # T outputs: one ridge fit per output
+        beta = torch.linalg.solve(A, torch.einsum("bnd,bnt->bdt", X, y))
+        return torch.einsum("bdt,bd->bt", beta, xq)
     b = torch.einsum("bnd,bn->bd", X, y)
     beta = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1)
     return (beta * xq).sum(-1)
@@ -143,13 +167,19 @@ def _vec(a, ref: torch.Tensor) -> torch.Tensor:
 def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
     """Sum of kernel regressors (paper eq. 3.2): sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q).
 
-    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head).
+    ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head); with
+    T outputs (y (B,n,T)) ``mu`` is (H, T): head h weighs label t by mu_h,t, giving (B,T).
     """
-    om, m = _vec(omega, X), _vec(mu, X)
-    if om.shape != m.shape:
-        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    om = _vec(omega, X)
     s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
     att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
+    if y.dim() == X.dim():  # T outputs
+        m = _vec(mu, X).view(om.numel(), -1)
+        check("mu", tuple(m.shape), m.shape == (om.numel(), y.shape[-1]), f"(H, T) = ({om.numel()}, {y.shape[-1]})")
+        return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+    m = _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return torch.einsum("h,bhn,bn->b", m, att, y)
 
 
@@ -224,12 +254,12 @@ def _finish(errs: list, return_se: bool):
     return (risk, se) if return_se else risk
 
 
-def _sq_err(yhat, yq, outputs: int = 1) -> torch.Tensor:
+def _sq_err(yhat, yq, outputs: int = 1, per_output: bool = False) -> torch.Tensor:
     """Squared errors (..., B), averaged over the T = ``outputs`` label slots of multi-output
-    targets (..., B, T)."""
+    targets (..., B, T); with ``per_output`` one row per slot, (..., T, B)."""
     e = (yhat - yq) ** 2
     if outputs > 1:
-        e = e.mean(-1)
+        e = e.transpose(-1, -2) if per_output else e.mean(-1)
     return e.to("cpu", torch.float64)
 
 
@@ -244,6 +274,7 @@ def mc_risk(
     dtype=torch.float32,
     return_se: bool = False,
     stream: str = "mc_risk",
+    per_output: bool = False,
 ):
     """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.tasks`` task; for
     noisy targets sigma^2 is included once; for T outputs the mean over the T slots).
@@ -261,7 +292,8 @@ def mc_risk(
     same numbers on the same device.
 
     Returns the risk (float, or numpy (K,) for an ensemble); with ``return_se=True`` a pair
-    (risk, standard error).
+    (risk, standard error). ``per_output``: for T outputs, the risk of every output, (T,) or
+    (K, T), instead of their mean.
     """
     tasks = list(task) if isinstance(task, (list, tuple)) else [task]
     for t in tasks:
@@ -279,13 +311,13 @@ def mc_risk(
             while left > 0:
                 p = sample_members(tasks, min(size, left), gens, device, dtype)
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
                 left -= min(size, left)
         else:
             g = None if prompts is not None else generator(seed, stream, device=device)
             for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs))
+                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
     out = {k: _finish(e, return_se) for k, e in errs.items()}
     return out[None] if None in out else out
 
@@ -464,3 +496,82 @@ def kernel_loss_slope(M, direction, task: Task, num_prompts: int = 20_000, seed:
             out.append((2 * (yhat - p.yq) * (p_i * (p.y - yhat[:, None]) * ds).sum(-1)).to("cpu", torch.float64))
     r, se = _finish(out, True)
     return float(r), float(se)
+# --------------------------------------------------------------------------- multi-task (chapter 6)
+def preconditioner_features(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+    """f (B,T,d): f_btj = (1/n) sum_i y_it (x_ij - x_bar_j) x_qj, so that debiased GD with the
+    diagonal preconditioner w_t predicts y_hat_t = f_bt . w_t (linear in w)."""
+    n = X.shape[-2]
+    Xc = X - X.mean(dim=-2, keepdim=True)
+    return torch.einsum("bnt,bnd->btd", y, Xc) * xq.unsqueeze(-2) / n
+
+
+def preconditioned_dgd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, w) -> torch.Tensor:
+    """Debiased GD with a diagonal preconditioner (B,T): y_hat_t = (1/n) sum_i y_it (x_i -
+    x_bar)^T diag(w_t) x_q, for labels y (B,n,T); ``w`` (d,) is shared by the tasks (the
+    single weighted predictor of the paper's modes I-II), (T,d) one per task (mode III: eta_t
+    times the indicator of S_t is the independent debiased GD on each true support)."""
+    W = torch.as_tensor(np.asarray(w, dtype=np.float64) if not isinstance(w, torch.Tensor) else w)
+    W = W.to(device=X.device, dtype=X.dtype)
+    check("w", tuple(W.shape), W.shape in ((X.shape[-1],), (y.shape[-1], X.shape[-1])),
+          f"({X.shape[-1]},) or ({y.shape[-1]}, {X.shape[-1]})")
+    f = preconditioner_features(X, y, xq)
+    return (f * W).sum(-1)
+
+
+def fit_preconditioner(prompts, shared: bool = True) -> np.ndarray:
+    """The least-squares best diagonal preconditioner of :func:`preconditioned_dgd_predict` on
+    ``prompts`` (multi-output :class:`~iclnb.tasks.Prompts`): w (d,) minimising the squared error
+    summed over the tasks (``shared``) or w (T,d), one per task. Fit on one prompt stream and
+    measure on another: the fit has only d (or T d) parameters."""
+    f = preconditioner_features(prompts.X.double(), prompts.y.double(), prompts.xq.double())  # (B,T,d)
+    yq = prompts.yq.double()
+    if shared:
+        F = f.reshape(-1, f.shape[-1])
+        return torch.linalg.lstsq(F, yq.reshape(-1, 1)).solution[:, 0].cpu().numpy()
+    return np.stack([torch.linalg.lstsq(f[:, t], yq[:, t : t + 1]).solution[:, 0].cpu().numpy()
+                     for t in range(f.shape[1])])
+
+
+def support_dgd_weights(task) -> np.ndarray:
+    """(T,d): eta*_t times the indicator of S_t, eta*_t = n / (n + |S_t| (1 + sigma2)), the exact
+    optimum of debiased GD restricted to each task's true support (the paper's (A.1)): task t is
+    a |S_t|-dimensional regression whose labels are sqrt(|S_t|) times those of
+    :func:`debiased_gd_risk`'s prior, so its optimal step is that function's at d = |S_t|."""
+    mask = task.mask.numpy().T
+    return np.stack([debiased_gd_optimal_step(task.n, k, task.sigma2) * mask[t] for t, k in enumerate(task.sizes)])
+
+
+def support_dgd_risk(task) -> np.ndarray:
+    """Exact risk (T,) of :func:`support_dgd_weights`' predictor per task (noisy target):
+    |S_t| times :func:`debiased_gd_risk` at d = |S_t| (labels scaled by sqrt(|S_t|))."""
+    return np.array([k * debiased_gd_risk(debiased_gd_optimal_step(task.n, k, task.sigma2), task.n, k, task.sigma2)
+                     for k in task.sizes])
+
+
+def support_ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, task) -> torch.Tensor:
+    """Ridge on each task's true support (B,T), penalty |S_t| sigma2 (the noise variance over
+    the prior's, 1): the posterior mean of y_q,t given the support, the Bayes predictor of the
+    task's prompts."""
+    out = []
+    for t, s in enumerate(task.supports):
+        cols = [j - 1 for j in s]
+        out.append(ridge_predict(X[..., cols], y[..., t], xq[..., cols], len(s) * task.sigma2))
+    return torch.stack(out, -1)
+
+
+def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
+    """Sum of kernel regressors with a diagonal KQ per head (B,T): y_hat_t = sum_h mu_ht sum_i
+    y_it softmax_i(x_i^T diag(omega_h) x_q), omega (H,d) the per-coordinate KQ diagonals
+    (``circuits.omega(kq, d, per_coordinate=True)``), mu (H,T), labels y (B,n,T): the paper's
+    (A.2), the model with only its KQ diagonals and OV label weights."""
+    om = _vec(omega, X).view(-1, X.shape[-1])
+    m = _vec(mu, X).view(om.shape[0], -1)
+    check("mu", tuple(m.shape), m.shape == (om.shape[0], y.shape[-1]), f"(H, T) = ({om.shape[0]}, {y.shape[-1]})")
+    att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
+    return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+def gd_retuned(d: int, sigma2: float) -> ByLength:
+    """Vanilla GD re-tuned at every context length m to its exact optimal step
+    :func:`gd_optimal_step` (m, d, sigma2), for :func:`risk_curve`: the learner that adapts its
+    step to the prompt's length, which a trained model with a fixed step is not."""
+    check_regression(2, d, sigma2)
+    return ByLength(lambda m: gd_at(gd_optimal_step(m, d, sigma2)))

@@ -10,6 +10,7 @@ parameters that re-run the paper's experiment at the paper's scale (claims enfor
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 import time
 import tokenize
 from dataclasses import dataclass, field
@@ -220,16 +222,32 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
+_RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
+# the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
+# every start (the kernel is local, started by papermill on the loopback interface); a reader of
+# `iclnb run` should not see it. Errors of the kernel, and everything the notebook prints, still show.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
-                smoke: bool = False, log=print, preset: str | None = None) -> Result:
+                smoke: bool = False, log=print, preset: str | None = None, progress: bool = True) -> Result:
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
 
     ``preset``: run with one of the chapter's presets (overrides still win): ``"smoke"`` (tiny
     parameters, claims not enforced; ``smoke=True`` is the same) or ``"paper"`` (the paper's
-    scale). The partial notebook of a failed run is kept at ``output``. On a terminal,
-    papermill's bar shows progress over the chapter's cells.
+    scale). The partial notebook of a failed run is kept at ``output``. ``progress``: log the
+    running cell and the training inside it while the chapter runs (``iclnb.progress``).
+    Chapters run one at a time in a process (their kernels inherit its environment); run
+    chapters in parallel in separate processes (``iclnb sweep`` does).
     """
+    with _RUN_LOCK:
+        return _run_chapter(chapter, overrides, output, smoke, log, preset, progress)
+
+
+def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Result:
     import papermill as pm
+
+    from .progress import ChapterMonitor
 
     preset = "smoke" if smoke else (preset or "")
     if preset and preset not in chapter.presets:
@@ -249,8 +267,10 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     start = time.perf_counter()
     error = ""
     try:
-        pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
-                            kernel_name="python3", progress_bar=sys.stderr.isatty(), log_output=False)
+        with ChapterMonitor(output, log=log) if progress else contextlib.nullcontext():
+            pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
+                                kernel_name="python3", progress_bar=not progress and sys.stderr.isatty(),
+                                log_output=False, extra_arguments=KERNEL_ARGUMENTS)
     except pm.PapermillExecutionError as e:
         error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
     finally:

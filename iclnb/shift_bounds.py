@@ -255,7 +255,8 @@ def _project_spectral(A: torch.Tensor, R: float) -> torch.Tensor:
 
 def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Tensor | None = None,
                        restarts: int = 8, iters: int = 300, lr: float = 0.1,
-                       step_inf: float = SMALL_STEP / 2, seed: int = 0, device="cpu") -> dict:
+                       step_inf: float = SMALL_STEP / 2, seed: int = 0, device="cpu",
+                       two_row: bool = False) -> dict:
     """The largest Lipschitz ratio gradient ascent can find within the assumptions.
 
     ``kind="x"``: maximise ``||f(x + h u) - f(x)|| / ||h u||`` over ``||x|| <= R`` and the
@@ -265,6 +266,9 @@ def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Te
     fixed; otherwise ``A`` is optimised too, within ``||A|| <= R`` (the worst case over the whole
     assumption class). ``restarts`` random starts run in one batch with Adam (torch autograd);
     constraints are enforced by a differentiable projection (rescaling) inside the objective.
+
+    ``two_row``: start the first restart (A free, d at least 2) at :func:`two_row_start`, the
+    construction that approaches ``R/2``, so the search can only improve on it.
 
     Returns ``{"ratio": best, "ratios": per-restart (list), "bound": the tight constant at the
     best point, "A", "x"}``; ``bound`` is ``||A||/2`` (kind "x") or ``||x||/2`` (kind "A").
@@ -284,6 +288,12 @@ def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Te
         u_raw = torch.randn(restarts, d, generator=g, dtype=torch.float64).to(dev).requires_grad_(True)
     else:
         u_raw = torch.randn(restarts, n, d, generator=g, dtype=torch.float64).to(dev).requires_grad_(True)
+    if two_row and not fixed and d >= 2:
+        start = two_row_start(n, d, R, kind, device=dev)
+        with torch.no_grad():
+            for t, key in ((A_raw, "A"), (x_raw, "x"), (u_raw, "u")):
+                t[0] = start[key]
+        A0[0], x0[0] = start["A"], start["x"]
     params = [x_raw, u_raw] + ([] if fixed else [A_raw])
     opt = torch.optim.Adam(params, lr=lr)
 
@@ -323,11 +333,14 @@ def adversarial_search(n: int, d: int, R: float, *, kind: str = "x", A: torch.Te
 
 
 def adversarial_grid(ns: Sequence[int], Rs: Sequence[float], d: int, *, iters: int = 60, restarts: int = 4,
-                     seed: int = 0, device="cpu", kinds: Sequence[str] = ("x", "x_fixed", "A")) -> list[dict]:
+                     seed: int = 0, device="cpu", kinds: Sequence[str] = ("x", "x_fixed", "A"),
+                     two_row: bool = True) -> list[dict]:
     """:func:`adversarial_search` on every (n, R) cell. ``kinds``: ``"x"`` (weight shift, A free
     within ``||A|| <= R``), ``"x_fixed"`` (weight shift, A fixed to one instance drawn like the GD
     instances), ``"A"`` (data shift, A free). One row per cell and kind with the worst ratio found,
-    the tight constant at that point, and the class-level tight constant ``R/2``."""
+    the tight constant at that point, and the class-level tight constant ``R/2``. ``two_row``: the
+    searches with A free start one restart at :func:`two_row_start`; each row also carries that
+    construction's own ``(R/2) / ratio`` in closed form (``two_row_gap``)."""
     rows = []
     for n in ns:
         for R in Rs:
@@ -335,9 +348,10 @@ def adversarial_grid(ns: Sequence[int], Rs: Sequence[float], d: int, *, iters: i
             for kind in kinds:
                 A = sample_instances(1, n, d, R, s, device=device)["A"][0] if kind == "x_fixed" else None
                 res = adversarial_search(n, d, R, kind="x" if kind == "x_fixed" else kind, A=A, restarts=restarts,
-                                         iters=iters, seed=s, device=device)
+                                         iters=iters, seed=s, device=device, two_row=two_row)
                 rows.append({"n": n, "R": R, "kind": kind, "worst_ratio": res["ratio"], "bound_at_point": res["bound"],
                              "class_bound": R / 2, "bound_over_worst": (R / 2) / res["ratio"],
+                             "two_row_gap": two_row_gap(n, R),
                              "holds": res["ratio"] <= res["bound"] * (1 + 1e-9)})
     return rows
 
@@ -442,3 +456,39 @@ def lemma_audit_experiment(n: int, d: int, Rs: Sequence[float], instances: int =
                          "log10_slack_min": float(s.min()), "log10_slack_median": float(s.median()),
                          "log10_slack_max": float(s.max()), "holds": bool((s >= -1e-9).all())})
     return {"rows": rows, "raw": raw, "all_hold": all(r["holds"] for r in rows)}
+
+
+# =========================================================================== the two-row construction
+def two_row_gap(n: int, R: float) -> float:
+    """``(R/2) / ratio`` of :func:`two_row_start` in closed form: ``1 / (2p)``, with
+    ``p = e^g / (2 e^g + n - 2)`` the mass on each of the two rows and ``g = R^2 / sqrt(2)``
+    their logit (the other rows' is 0). Above 1 for every finite R, and tends to 1 as R grows."""
+    g = R * R / math.sqrt(2.0)
+    return float(0.5 * (2.0 + (n - 2) * math.exp(-g)))
+
+
+def two_row_start(n: int, d: int, R: float, kind: str = "x", device="cpu") -> dict:
+    """The construction that approaches the tight constant ``R/2`` over the assumption class.
+
+    Rows 0 and 1 of ``A`` are ``(R/sqrt 2)(e_2 +- e_1)`` and the others 0, so ``||A|| = R``;
+    ``x = R e_2`` (``||x|| = R``) gives the two rows the logit ``R^2/sqrt 2`` and the rest 0, so
+    ``f`` puts mass ``p`` (nearly 1/2) on each of them. The step moves their logits in opposite
+    directions: ``u = e_1`` for a weight shift (kind ``"x"``), ``U = (e_0 - e_1) e_2^T`` (rows 0
+    and 1, along ``x``) for a data shift (kind ``"A"``). The Lipschitz ratio is ``p R``
+    (:func:`two_row_gap`). Returns ``{"A", "x", "u"}`` (``u`` of shape d or n x d)."""
+    check_choice("kind", kind, ("x", "A"))
+    if d < 2 or n < 2:
+        raise ValueError(f"the two-row construction needs n and d at least 2, got n={n}, d={d}")
+    dev = resolve_device(device)
+    c = R / math.sqrt(2.0)
+    A = torch.zeros(n, d, dtype=torch.float64, device=dev)
+    A[0, 0], A[0, 1], A[1, 0], A[1, 1] = c, c, -c, c
+    x = torch.zeros(d, dtype=torch.float64, device=dev)
+    x[1] = R
+    if kind == "x":
+        u = torch.zeros(d, dtype=torch.float64, device=dev)
+        u[0] = 1.0
+    else:
+        u = torch.zeros(n, d, dtype=torch.float64, device=dev)
+        u[0, 1], u[1, 1] = 1.0, -1.0
+    return {"A": A, "x": x, "u": u}

@@ -1,5 +1,5 @@
 """Chapter 1's objects: softmax regression (Li, Song, Xia, Yu, Zhou 2023), its gradient, GD,
-instances meeting the theorems' assumptions, and the in-context experiment.
+and instances meeting the theorems' assumptions.
 
 Objects (Definitions 4.1-4.4 of the paper), for ``A`` (..., n, d), ``x`` (..., d), ``b`` (..., n):
 
@@ -21,12 +21,8 @@ vector. Samplers draw on the CPU from a seeded ``torch.Generator`` (each experim
 stream, ``derive_seed(seed, name)``) and then move to ``device``, so the same seed gives the same
 numbers on every device.
 
-In-context learning (Section 1.1's argument; the paper's experiment is not public): the task
-sampler is :class:`iclnb.tasks.SoftmaxRegression` and the layers train on the engine
-(:func:`iclnb.train.train`); here are a trained head read through its circuits, at the end or at
-any logged step (:class:`CircuitLayer`), one GD step from zero (:class:`GDStep`), the exact
-solution (:class:`Oracle`) and the uniform baseline (:class:`Uniform`), and
-:func:`icl_comparison` with the metrics of von Oswald et al. (:func:`von_oswald_metrics`).
+In-context learning (Section 1.1's argument) is chapter 1's other half, in
+:mod:`iclnb.softmax_icl`.
 
 A note on the paper's text. Section 5.1 writes the update as ``x_{t+1} = x_t + eta g(x_t)`` with
 ``g = dL/dx``: that is gradient *ascent*. Descent is ``x_{t+1} = x_t - eta g(x_t)``
@@ -41,19 +37,10 @@ from typing import Sequence
 
 import torch
 
-from .tasks import SoftmaxRegression
 from .util import check, check_choice, check_int, check_real, generator, resolve_device
 
 SMALL_STEP = 0.01  # the paper's small-step condition: ||A (x_{t+1} - x_t)||_inf < 0.01
 
-# Thresholds for the comparison of the trained layer with one GD step, fixed before any run
-# (chapter 1, part f). Relative differences are normalised by the size of the GD quantity, so
-# the uniform baseline (predicts 0, sensitivity 0) scores exactly 1 on both and cosine 0.
-ICL_THRESHOLDS = {
-    "cosine": 0.9,  # mean cosine of sensitivities >= 0.9
-    "rel_pred_diff": 0.3,  # RMS(y_layer - y_GD) / RMS(y_GD) <= 0.3
-    "rel_sens_diff": 0.45,  # mean ||s_layer - s_GD|| / mean ||s_GD|| <= 0.45 (cos 0.9, equal norms)
-}
 
 
 # =========================================================================== core objects
@@ -373,248 +360,3 @@ def sign_slip_demo(n: int, d: int, R: float, instances: int = 16, steps: int = 5
 
 
 # =========================================================================== in-context learning
-class CircuitLayer:
-    """One trained attention head read through its circuits, on softmax-regression tasks.
-
-    The engine's one-layer attention (:class:`iclnb.models.SoftmaxAttention` or ``LinearAttention``,
-    one head per member) predicts from the circuits alone: with ``kq`` (D,D) = W_K^T W_Q / sqrt(D)
-    and ``ov`` (D,) = (W_O W_V)^T, context tokens z_i of ``task`` (``task.tokens``) and the query
-    token [a_q; 0], the scores are ``s_i = z_i^T K a_q`` with K = kq[:, :d] and
-
-    * softmax: ``y_hat = sum_i p_i v_i``, ``p = softmax(s)``, ``v_i = ov^T z_i``; sensitivity
-      ``d y_hat / d a_q = sum_i p_i (v_i - y_hat) K^T z_i``;
-    * linear: ``y_hat = (1/n_train) sum_i s_i v_i``; sensitivity ``(1/n_train) sum_i v_i K^T z_i``.
-
-    So a layer can be read at any logged step of a training history (:meth:`from_history`) as well
-    as from a trained model (:meth:`from_model`). With ``kq = omega I`` on the row block and value
-    ``mu u_i``, softmax gives ``softmax_i(s) ~ (1 + s_i - s_bar)/n`` for small scores, hence
-    ``(mu omega / n) sum_i u_i a_i^T a_q``: one GD step from x_0 = 0 (:func:`gd_predict`) with
-    ``eta = n mu omega`` to first order in omega; linear attention with ``n_train = n`` is that
-    step exactly.
-    """
-
-    def __init__(self, kq, ov, task: SoftmaxRegression, kind: str = "softmax", n_train: int | None = None):
-        check_choice("kind", kind, ("softmax", "linear"))
-        self.kq = torch.as_tensor(kq, dtype=torch.float64)
-        self.ov = torch.as_tensor(ov, dtype=torch.float64).reshape(-1)
-        self.task, self.kind = task, kind
-        self.n_train = task.n if n_train is None else int(n_train)
-
-    @classmethod
-    def from_model(cls, model, k: int, task: SoftmaxRegression) -> "CircuitLayer":
-        """Member ``k`` (one head) of an engine ensemble, as trained."""
-        with torch.no_grad():
-            kq, ov = model.circuits()
-        sl = model.member_slice(k)
-        kind = "linear" if model.name == "linear" else "softmax"
-        return cls(kq[sl][0].cpu(), ov[sl][0].cpu(), task, kind, getattr(model, "n_train", None))
-
-    @classmethod
-    def from_history(cls, history, k: int, j: int, task: SoftmaxRegression, kind: str = "softmax",
-                     n_train: int | None = None) -> "CircuitLayer":
-        """Member ``k`` (one head) at the ``j``-th logged step of a training history."""
-        return cls(history.kq[k][j, 0], history.ov[k][j, 0], task, kind, n_train)
-
-    def predict(self, A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, with_sensitivity: bool = False):
-        """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq`` (B,Q,d), in float64; with
-        ``with_sensitivity`` also ``d y_hat / d a_q`` (B,Q,d) in closed form."""
-        Z = self.task.tokens(A, b).to(torch.float64)
-        Aq = Aq.to(torch.float64)
-        d = Aq.shape[-1]
-        K, ov = self.kq[:, :d].to(Z.device), self.ov.to(Z.device)
-        ZK = Z @ K  # (B,n,d): row i is K^T z_i
-        S = ZK @ Aq.transpose(-1, -2)  # (B,n,Q)
-        v = Z @ ov  # (B,n)
-        if self.kind == "softmax":
-            P = torch.softmax(S, dim=-2)
-            y = (P * v.unsqueeze(-1)).sum(-2)  # (B,Q)
-            W = P * (v.unsqueeze(-1) - y.unsqueeze(-2))  # p_i (v_i - y)
-        else:
-            y = (S * v.unsqueeze(-1)).sum(-2) / self.n_train
-            W = v.unsqueeze(-1).expand_as(S) / self.n_train
-        if not with_sensitivity:
-            return y
-        return y, W.transpose(-1, -2) @ ZK  # (B,Q,d)
-
-    @property
-    def omega(self) -> float:
-        """Mean of the first d diagonal entries of KQ."""
-        d = self.kq.shape[0] - 1
-        return float(torch.diagonal(self.kq)[:d].mean())
-
-    @property
-    def mu(self) -> float:
-        """The label entry of OV."""
-        return float(self.ov[-1])
-
-    def effective_step(self) -> float:
-        """``n mu omega``: the GD step size this layer takes to first order in omega (softmax),
-        or exactly ``n_train mu omega`` for an isotropic linear layer."""
-        return self.n_train * self.mu * self.omega
-
-
-def exact_solution(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The weights ``x`` with ``softmax(A x) = b``: least squares of the centred ``log b`` on the
-    centred rows of ``A`` (``log b_i = a_i^T x - log alpha``), exact for generic A with n > d."""
-    lb = torch.log(b)
-    lb = lb - lb.mean(-1, keepdim=True)
-    Ac = A - A.mean(-2, keepdim=True)
-    return torch.linalg.lstsq(Ac, lb.unsqueeze(-1)).solution.squeeze(-1)
-
-
-class Predictor:
-    """A closed-form in-context predictor ``y_hat = a_q^T x_hat(A, b)``, linear in the query, with
-    sensitivity ``x_hat``; ``weights(A, b)`` gives ``x_hat``."""
-
-    def weights(self, A, b):
-        raise NotImplementedError
-
-    def predict(self, A, b, Aq, with_sensitivity: bool = False):
-        x = self.weights(A.to(torch.float64), b.to(torch.float64))
-        y = logits(Aq.to(torch.float64), x)
-        return (y, x.unsqueeze(-2).expand(*Aq.shape)) if with_sensitivity else y
-
-
-class Oracle(Predictor):
-    """The exact solution (:func:`exact_solution`): zero error on noiseless tasks, no GD in it."""
-
-    def weights(self, A, b):
-        return exact_solution(A, b)
-
-
-class GDStep(Predictor):
-    """One GD step from x_0 = 0 with step ``eta`` (:func:`gd_one_step_from_zero`)."""
-
-    def __init__(self, eta: float):
-        self.eta = float(eta)
-
-    def weights(self, A, b):
-        return gd_one_step_from_zero(A, b, self.eta)
-
-
-class Uniform(Predictor):
-    """The model x = 0 (f uniform): predicts 0, sensitivity 0."""
-
-    def weights(self, A, b):
-        return torch.zeros(*A.shape[:-2], A.shape[-1], dtype=A.dtype, device=A.device)
-
-
-def gd_one_step_from_zero(A: torch.Tensor, b: torch.Tensor, eta: float = 1.0) -> torch.Tensor:
-    """``x_1 = 0 - eta grad L(0)`` for the task ``(A, b)``, using :func:`grad_loss` at x = 0.
-
-    At x = 0, f = 1/n, and for a probability vector b this is
-    ``x_1 = (eta / n) A^T (b - 1/n) = (eta / n^2) sum_i (n b_i - 1) a_i``.
-    """
-    x0 = torch.zeros(*A.shape[:-2], A.shape[-1], dtype=A.dtype, device=A.device)
-    return gd_step(A, x0, b, eta)
-
-
-def gd_predict(A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One GD step's prediction ``y_hat = a_q^T x_1`` (B,Q) and its sensitivity
-    ``d y_hat / d a_q = x_1`` (B,Q,d)."""
-    return GDStep(eta).predict(A, b, Aq, with_sensitivity=True)
-
-
-def fit_gd_eta(tasks: dict) -> float:
-    """The step size minimising the mean squared error of :func:`gd_predict` on ``tasks``
-    (closed form: the prediction is linear in eta)."""
-    g, _ = gd_predict(tasks["A"], tasks["b"], tasks["Aq"], 1.0)
-    return float((g * tasks["yq"]).sum() / (g * g).sum())
-
-
-def von_oswald_metrics(pred: torch.Tensor, sens: torch.Tensor, pred_ref: torch.Tensor, sens_ref: torch.Tensor) -> dict:
-    """Metrics of von Oswald et al. between a model and a reference (one GD step), float64:
-
-    * ``pred_diff``: RMS of ``y_model - y_ref`` over tasks and queries; ``rel_pred_diff`` divides by
-      the RMS of ``y_ref``;
-    * ``sens_diff``: mean ``||s_model - s_ref||`` of the sensitivities ``s = d y / d a_q``;
-      ``rel_sens_diff`` divides by the mean ``||s_ref||``;
-    * ``cosine``: mean cosine between ``s_model`` and ``s_ref`` (0 where ``s_model = 0``).
-    """
-    pred, sens, pred_ref, sens_ref = (t.detach().double() for t in (pred, sens, pred_ref, sens_ref))
-    pd = torch.sqrt(((pred - pred_ref) ** 2).mean())
-    ref_scale = torch.sqrt((pred_ref**2).mean())
-    sd = torch.linalg.vector_norm(sens - sens_ref, dim=-1).mean()
-    s_scale = torch.linalg.vector_norm(sens_ref, dim=-1).mean()
-    nm = torch.linalg.vector_norm(sens, dim=-1) * torch.linalg.vector_norm(sens_ref, dim=-1)
-    cos = torch.where(nm > 0, (sens * sens_ref).sum(-1) / nm.clamp_min(1e-300), torch.zeros_like(nm))
-    return {"pred_diff": float(pd), "rel_pred_diff": float(pd / ref_scale), "sens_diff": float(sd),
-            "rel_sens_diff": float(sd / s_scale), "cosine": float(cos.mean()),
-            "cosine_p10": float(torch.quantile(cos.flatten(), 0.1))}
-
-
-def icl_tasks(task: SoftmaxRegression, eval_tasks: int = 1000, fit_tasks: int = 2000, queries: int = 8,
-              seed: int = 0, device="cpu") -> dict:
-    """Held-out tasks ``{"A", "b", "Aq", "yq", ...}`` (stream ``"icl_eval"``) and GD's step ``eta``
-    fitted on ``fit_tasks`` separate tasks (stream ``"icl_fit"``), as von Oswald et al. tune GD's
-    learning rate."""
-    dev = resolve_device(device)
-    g_fit, g_eval = make_generator(seed, "icl_fit"), make_generator(seed, "icl_eval")
-    eta = fit_gd_eta(task.draw(fit_tasks, queries, g_fit, dev))
-    return {**task.draw(eval_tasks, queries, g_eval, dev), "eta": eta}
-
-
-def icl_comparison(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
-    """Every predictor (name -> object with ``predict(A, b, Aq, with_sensitivity)``) against one
-    GD step from x_0 = 0 at the fitted ``tasks["eta"]`` on the held-out ``tasks``
-    (:func:`icl_tasks`): the metrics of :func:`von_oswald_metrics` and the mean squared error to
-    ``y_q`` (``"mse"``), per predictor; ``"gd"`` holds GD's own row. ``"scatter"``: GD's and each
-    predictor's first 500 predictions, for a figure."""
-    t = tasks
-    y_gd, s_gd = gd_predict(t["A"], t["b"], t["Aq"], t["eta"])
-    out = {"eta": t["eta"], "gd": {"mse": float(((y_gd - t["yq"]) ** 2).mean()), "rel_pred_diff": 0.0,
-                                   "rel_sens_diff": 0.0, "cosine": 1.0},
-           "scatter": {"gd": y_gd.flatten()[:500].cpu().tolist()}}
-    for name, m in predictors.items():
-        parts = [m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk], with_sensitivity=True)
-                 for i in range(0, t["A"].shape[0], chunk)]
-        y = torch.cat([p[0] for p in parts]).double()
-        s = torch.cat([p[1] for p in parts]).double()
-        out[name] = {**von_oswald_metrics(y, s, y_gd, s_gd), "mse": float(((y - t["yq"]) ** 2).mean())}
-        out["scatter"][name] = y.flatten()[:500].cpu().tolist()
-    return out
-
-
-def layer_config(d: int, n: int, lr: float, init_seeds, init_scales=None, steps: int = 2000,
-                 batch: int = 256, seed: int = 0, device="auto", model: str = "softmax", log_every: int = 50,
-                 **task_params):
-    """The :class:`iclnb.train.TrainConfig` of an ensemble of one-head layers on softmax regression:
-    one member per init seed, each with its own initial scale (``init_scales``, softmax only;
-    default: the engine's initialisation); ``task_params`` go to the task (e.g. ``encoding``)."""
-    from .train import TrainConfig
-
-    mp = {} if init_scales is None else {"init_scale": tuple(float(v) for v in init_scales)}
-    return TrainConfig(model=model, task="softmax_regression", d=d, n=n, heads=(1,) * len(init_seeds),
-                       init_seeds=tuple(init_seeds), task_params=task_params, model_params=mp, steps=steps,
-                       batch=batch, lr=lr, seed=seed, log_every=log_every, device=device)
-
-
-def left_plateau(val_mse, val_uniform: float) -> list[bool]:
-    """Per member: did it leave the plateau, i.e. is its validation MSE below half the uniform
-    baseline's?"""
-    return [float(v) < 0.5 * val_uniform for v in val_mse]
-
-
-def escaped(val_mse, val_uniform: float, groups: dict | None = None) -> dict:
-    """How many members left the plateau (:func:`left_plateau`), ``{label: count}`` per group of
-    member indices (default: all in one group, None)."""
-    ok = left_plateau(val_mse, val_uniform)
-    groups = {None: range(len(ok))} if groups is None else groups
-    return {g: int(sum(ok[k] for k in ks)) for g, ks in groups.items()}
-
-
-def layer_trajectory(history, k: int, tasks: dict, task: SoftmaxRegression, every: int = 1,
-                     kind: str = "softmax", n_train: int | None = None) -> dict:
-    """Member ``k`` read at every ``every``-th logged step of ``history`` (and the last): its
-    metrics against one GD step (:func:`icl_comparison`), its MSE, omega, mu and effective step
-    ``n mu omega``, as lists over the logged steps ``"step"``."""
-    T = len(history.steps)
-    idx = sorted(set(range(0, T, every)) | {T - 1})
-    rows = {"step": [int(history.steps[j]) for j in idx]}
-    for j in idx:
-        layer = CircuitLayer.from_history(history, k, j, task, kind, n_train)
-        r = icl_comparison(tasks, {"layer": layer})["layer"]
-        r |= {"omega": layer.omega, "mu": layer.mu, "step_size": layer.effective_step()}
-        for key, v in r.items():
-            rows.setdefault(key, []).append(v)
-    return rows

@@ -21,6 +21,9 @@ Registered tasks (``TASKS``):
   direction w in the span of an orthonormal B (d x k; all of R^d by default) -> a function of
   w^T u: affine / ReLU / cosine classes with Lipschitz constant L (chapter 4) or the fixed links
   of chapter 5 (linear, shifted, quadratic, cos4); label noise sigma (Collins et al. 2024).
+* ``multitask`` (chapter 6): T linear tasks on one x ~ N(0, I_d), task t reading only the
+  coordinates of its support S_t: y_t = beta_t^T x_{S_t} + eps_t, beta_t ~ N(0, I_{|S_t|}),
+  eps_t ~ N(0, |S_t| sigma2); tokens [x; y_1 .. y_T] (He, Pan, Chen, Yang 2025, section 5.4).
 
 A new task subclasses :class:`Task`, implements ``sample`` (and ``validate`` for its own
 parameters) and is added with :func:`register`.
@@ -95,7 +98,17 @@ class Prompts:
 
 @dataclass(frozen=True)
 class Task:
-    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token."""
+    """Base class: ``d`` covariates, ``n`` context examples, ``outputs`` label slots per token.
+
+    A task implements ``sample(batch, generator, device, dtype) -> Prompts`` and keeps the
+    contract that ``tests/test_task_contract.py`` checks for every registered task: tokens
+    (B, n, d + outputs), the same generator state gives the same prompts, a member sampled inside
+    an ensemble (:func:`sample_members`, ``sample_many``) equals the task sampled alone, and
+    ``sample`` makes no tensor from host data (``torch.tensor``, ``as_tensor``, numpy) once warmed
+    up: on CUDA the training step is a captured graph, where a host-to-device copy is not allowed.
+    Per-task constants come from :func:`constant`. ``outputs`` is read from the instance
+    (``task.outputs``), so a task may set it per instance.
+    """
 
     d: int = 5
     n: int = 40
@@ -456,3 +469,68 @@ def _lipschitz_prompts(tasks, B, gens, device, dtype, with_info=False):
     sigma = constant(tuple(t.sigma for t in tasks), device, dtype).view(K, 1, 1)
     Z[..., d] = F.addcmul_(sigma, Z[..., d])
     return Prompts(Z, uq, yq[..., 0]), {"w": w, "coef": c, "u": u_info}
+
+
+# ---- multi-task linear regression (chapter 6) -------------------------------------------------
+def default_supports(d: int) -> tuple:
+    """Two tasks overlapping like the paper's (d = 6: {1,2,3,4} and {3,4,5,6}, 1-based): the
+    first ceil(2d/3) coordinates and the last d - floor(d/3)."""
+    check_int("d", d, 2)
+    return (tuple(range(1, -(-2 * d // 3) + 1)), tuple(range(d // 3 + 1, d + 1)))
+
+
+@register
+@dataclass(frozen=True)
+class MultiTaskRegression(Task):
+    """T linear tasks on shared covariates, each on its own support (1-based coordinates):
+    x ~ N(0, I_d); per prompt beta_t ~ N(0, I_{|S_t|}) on the coordinates S_t (unscaled, as in
+    the authors' code) and y_t = beta_t^T x_{S_t} + eps_t with eps_t ~ N(0, |S_t| sigma2), so that
+    sigma2 is the noise-to-signal ratio of every task (E y_t^2 = |S_t| (1 + sigma2)). Tokens
+    [x_i; y_i1 .. y_iT], query covariates x_q with the noisy targets y_q (T,). The supports are
+    fixed (shared by every prompt), the betas fresh per prompt. ``supports=()``: the paper's
+    two overlapping tasks (:func:`default_supports`)."""
+
+    supports: tuple = ()  # the tasks' supports, tuples of 1-based coordinates; () the paper's two
+    sigma2: float = 0.1  # noise-to-signal ratio: eps_t has variance |S_t| sigma2
+    name: ClassVar[str] = "multitask"
+
+    def validate(self):
+        sup = self.supports or default_supports(self.d)
+        ok = isinstance(sup, (list, tuple)) and len(sup) >= 1 and all(
+            isinstance(s, (list, tuple)) and len(s) >= 1 and len(set(s)) == len(s)
+            and all(isinstance(j, int) and not isinstance(j, bool) and 1 <= j <= self.d for j in s) for s in sup)
+        check("supports", self.supports, ok, f"non-empty tuples of distinct coordinates in 1..{self.d}, one per task")
+        object.__setattr__(self, "supports", tuple(tuple(int(j) for j in s) for s in sup))
+        check_real("sigma2", self.sigma2)
+
+    @property
+    def outputs(self) -> int:
+        return len(self.supports)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The supports as a 0/1 matrix (d, T), float64: column t marks S_t."""
+        m = torch.zeros(self.d, self.outputs, dtype=torch.float64)
+        for t, s in enumerate(self.supports):
+            m[[j - 1 for j in s], t] = 1.0
+        return m
+
+    @property
+    def sizes(self) -> tuple:
+        """|S_t| of every task."""
+        return tuple(len(s) for s in self.supports)
+
+    def sample(self, batch, generator=None, device="cpu", dtype=torch.float32) -> Prompts:
+        """One ``randn`` call laid out as [context (x_i, eps_i) | query (x_q, eps_q) | g]; beta =
+        g masked to the supports (B, d, T); labels written in place into the noise slots."""
+        d, n, B, T = self.d, self.n, batch, self.outputs
+        D = d + T
+        r = torch.randn(B * ((n + 1) * D + d * T), generator=generator, device=device, dtype=dtype)
+        Z = r[: B * n * D].view(B, n, D)
+        q = r[B * n * D : B * (n + 1) * D].view(B, 1, D)
+        mask = constant(("multitask-mask", d, self.supports), device, dtype, lambda: self.mask)
+        std = constant(tuple(math.sqrt(k * self.sigma2) for k in self.sizes), device, dtype)
+        beta = r[B * (n + 1) * D :].view(B, d, T) * mask
+        Z[..., d:] = torch.baddbmm(Z[..., d:] * std, Z[..., :d], beta)
+        yq = torch.baddbmm(q[..., d:] * std, q[..., :d], beta).view(B, T)
+        return Prompts(Z, q[:, 0, :d], yq, {"beta": beta})

@@ -36,6 +36,7 @@ import torch
 import iclnb
 
 from .models import MODELS
+from .progress import training_update
 from .tasks import Task, make_task, sample_members
 from .util import (
     DTYPES,
@@ -83,6 +84,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # "float32" or "float64"
     init_seeds: tuple | None = None  # per-member init seeds (default: derive_seed(seed, "init") for all)
+    optimizer: str = "adam"  # "adam", or "sgd": plain gradient descent (no momentum), flat -= lr * grad
 
     def __post_init__(self):
         heads = self.heads
@@ -114,6 +116,7 @@ class TrainConfig:
         check("device", self.device, isinstance(self.device, str), "a device name: 'auto', 'cpu', 'cuda', 'cuda:N'")
         resolve_device(self.device)
         check("dtype", self.dtype, self.dtype in DTYPES, f"one of {sorted(DTYPES)}")
+        check("optimizer", self.optimizer, self.optimizer in ("adam", "sgd"), "'adam' or 'sgd'")
         seeds = self.init_seeds
         if isinstance(seeds, list):
             seeds = tuple(seeds)
@@ -188,7 +191,7 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
         params = {k: v[:1] if isinstance(v, (list, tuple)) and len(v) == cfg.K else v for k, v in params.items()}
     else:
         seeds = cfg.member_seeds
-    outputs = type(cfg.tasks[0]).outputs
+    outputs = cfg.tasks[0].outputs
     return cls(cfg.d, heads=heads, outputs=outputs, seeds=seeds, device=device or cfg.device, dtype=cfg.dtype, **params)
 
 
@@ -265,6 +268,14 @@ def cuda_graph_capture(fn, generators=()):
     return graph.replay
 
 
+def _members(heads: tuple) -> str:
+    """The ensemble in a few words: "heads=[1, 2, 4]", or "20 members (H=1)" for long lists."""
+    if len(heads) <= 6:
+        return f"heads={list(heads)}"
+    hs = sorted(set(heads))
+    return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
+
+
 def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
     """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
 
@@ -281,6 +292,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
     capture = capture or cuda_graph_capture
     batch, gens = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
+    if cfg.optimizer == "sgd":  # plain gradient descent: stateless, so a CUDA graph captures it as it is
+        opt = torch.optim.SGD([model.flat], lr=cfg.lr)
     blocks = _Blocks(model, opt, batch, every)
 
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
@@ -295,10 +308,11 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
                 f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
+    desc, started = f"{cfg.model} {_members(cfg.heads)}", time.perf_counter()
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, desc=f"{cfg.model} heads={list(cfg.heads)}", unit="step")
+        bar = tqdm(total=cfg.steps, desc=desc, unit="step")
     replay = None
     on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
     with bar if show else contextlib.nullcontext(), on_device:
@@ -328,6 +342,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
             if show:
                 bar.update(count)
                 bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in blocks.window[count - 1].tolist()))
+            training_update(desc, first + count, cfg.steps, lambda: float(blocks.window[count - 1].mean()), started)
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
             p = batch()
             loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
@@ -448,6 +463,29 @@ def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float) -> None:
         warnings.warn(f"could not write the run cache at {path} ({e}); continuing without it", stacklevel=3)
 
 
+@contextlib.contextmanager
+def _entry_lock(path: Path):
+    """Hold an exclusive lock on one cache entry while it is looked up and, on a miss, trained and
+    written: processes (sweep workers, on one machine or on a shared file system that supports
+    POSIX locks) that need the same config train it once, and the others then load it. Entries
+    are written atomically in any case, so without locks (no fcntl, an unwritable cache) a
+    concurrent miss costs a second training, never a corrupt entry."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_name(path.name + ".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool | None = None) -> Run:
     """Train the ensemble of ``cfg`` (or load it from the run cache).
 
@@ -460,14 +498,15 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool
     t0 = time.perf_counter()
     model = build_model(cfg)
     path = cache_path(cfg)
-    hit = _load(path, cfg, model) if cache else None
-    if hit is not None:
-        logs, train_seconds = hit
-    else:
-        with cpu_threads(model.flat.device):
-            logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
-        train_seconds = time.perf_counter() - t0
-        if cache:
-            _save(path, cfg, model, logs, train_seconds)
+    with _entry_lock(path) if cache else contextlib.nullcontext():
+        hit = _load(path, cfg, model) if cache else None
+        if hit is not None:
+            logs, train_seconds = hit
+        else:
+            with cpu_threads(model.flat.device):
+                logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
+            train_seconds = time.perf_counter() - t0
+            if cache:
+                _save(path, cfg, model, logs, train_seconds)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
                train_seconds=train_seconds, from_cache=hit is not None)

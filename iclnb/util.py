@@ -155,9 +155,8 @@ def keep_freed_memory() -> None:
         pass
 
 
-@contextlib.contextmanager
-def cpu_threads(device: torch.device):
-    """Train on CPU with ``$ICLNB_THREADS`` intra-op threads (default 1), then restore.
+def thread_count() -> int:
+    """The library's CPU thread policy: ``$ICLNB_THREADS`` intra-op threads, default 1.
 
     The engine's tensors are small: a second OpenMP thread gains little on an idle machine and
     collapses when the cores are shared (its barriers wait for a busy core); one thread also
@@ -165,10 +164,24 @@ def cpu_threads(device: torch.device):
     """
     value = os.environ.get("ICLNB_THREADS", "1")
     check("ICLNB_THREADS", value, value.isdigit() and int(value) >= 1, "an integer >= 1")
+    return int(value)
+
+
+def use_threads(device="auto") -> None:
+    """Apply the thread policy (:func:`thread_count`) to the whole process when ``device`` is the
+    CPU: what a chapter calls once in its setup cell (its Monte Carlo runs outside training)."""
+    if resolve_device(device).type == "cpu":
+        keep_freed_memory()
+        torch.set_num_threads(thread_count())
+
+
+@contextlib.contextmanager
+def cpu_threads(device: torch.device):
+    """Train on CPU under the thread policy (:func:`thread_count`), then restore."""
     old = torch.get_num_threads()
     if device.type == "cpu":
         keep_freed_memory()
-        torch.set_num_threads(int(value))
+        torch.set_num_threads(thread_count())
     try:
         yield
     finally:
@@ -199,7 +212,22 @@ def power_law_fit(x, y) -> dict:
 
 
 def rank_correlation(x, y) -> float:
-    """Spearman's rank correlation of two sequences without ties (1: y increases with x)."""
-    rx, ry = (np.argsort(np.argsort(np.asarray(v, float))).astype(float) for v in (x, y))
-    check("x", len(rx), len(rx) >= 2 and len(rx) == len(ry), "at least 2 values, as many as y")
-    return float(np.corrcoef(rx, ry)[0, 1])
+    """Spearman's rank correlation (1: y increases with x). Ties get their average rank, so a
+    constant sequence has no order: its correlation with anything is 0 (not the 1.0 that ranking
+    ties by position would give)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    check("x", len(x), len(x) >= 2 and len(x) == len(y), "at least 2 values, as many as y")
+    rx, ry = (_average_ranks(v) for v in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    den = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / den if den > 0 else 0.0
+
+
+def _average_ranks(v: np.ndarray) -> np.ndarray:
+    """Ranks 0..len-1 of ``v``, tied values sharing the mean of their positions."""
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    _, inverse = np.unique(v, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / np.bincount(inverse)[inverse]

@@ -42,3 +42,58 @@ def smoke_run(tmp_path):
         return r
 
     return run
+
+
+# A synthetic chapter for the runner and sweep tests: parameters reach the notebook, a cell can
+# fail on demand, a claim with a null and a not-attempted claim are recorded.
+SYNTHETIC_CHAPTER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+iclnb:
+  description: a synthetic chapter for the runner tests
+  smoke: {n: 2}
+  paper: {n: 100}
+---
+
+# 98. Synthetic
+
+```{code-cell} ipython3
+:tags: [parameters]
+n = 10  # a count
+fail_at = ""  # "cell" to raise in a cell, "glue" to glue a numpy scalar
+seed = 0  # random seed
+device = "auto"  # device
+enforce_claims = True  # raise when a claim fails
+```
+
+```{code-cell} ipython3
+from iclnb.claims import Claims
+claims = Claims("98_synthetic", enforce=enforce_claims)
+if fail_at == "cell":
+    raise RuntimeError("boom")
+import numpy as np
+from myst_nb import glue
+glue("n_half", np.float64(n / 2) if fail_at == "glue" else n / 2, display=False)
+claims.check("n-min", "n is at least 5", n, ">=", 5, null="n of 2", null_value=2, basis="theory",
+             paper=5)
+claims.not_attempted("n-rate", "a rate in n", "no sweep in this chapter", ref="Thm 9")
+```
+
+```{code-cell} ipython3
+claims.finish()
+```
+"""
+
+
+@pytest.fixture
+def chapter(tmp_path):
+    """The synthetic chapter 98, written to ``tmp_path``."""
+    path = tmp_path / "98_synthetic.md"
+    path.write_text(SYNTHETIC_CHAPTER)
+    return runner.Chapter(98, "98_synthetic", path)

@@ -47,7 +47,8 @@ class NaiveAttention(nn.Module):
         if self.kind == "softmax":
             return scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         w = self.phi(scores) * allowed
-        return w / w.sum(-1, keepdim=True)
+        den = w.sum(-1, keepdim=True)  # 0 when every phi is 0 (ReLU): the library's p = 0, not 0/0
+        return w / torch.where(den > 0, den, torch.ones_like(den))
 
     def forward(self, Z, xq):
         """Prediction (B,) (or (B, T)) from context tokens Z (B,n,D) and query covariates xq (B,d)."""

@@ -218,3 +218,82 @@ def test_pattern_ok_pair_state_and_gd_step():
         assert s["gd_step"] == pytest.approx(step)
     V[0, 0] = 1.0  # the live head reads a covariate too: OV ratio 1/sqrt(2)
     assert not C.pattern_ok(C.summarize(build_model(K, V)))
+
+
+# ---- any d, T outputs and activation: the forward from circuits against the engine's models -------
+ENGINE = [("softmax", {}, "softmax"), ("normalized", {"activation": "relu"}, "relu"),
+          ("normalized", {"activation": "softplus"}, "softplus"), ("linear", {"n_train": 6}, "linear")]
+
+
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("name,mk,activation", ENGINE, ids=[e[2] for e in ENGINE])
+def test_forward_from_circuits_is_the_model(name, mk, activation, T):
+    from iclnb.models import MODELS
+
+    d, heads = 3, [2, 3]
+    m = MODELS[name](d=d, heads=heads, outputs=T, seeds=[1, 2], device="cpu", dtype=torch.float64, **mk)
+    with torch.no_grad():
+        m.flat.mul_(3.0)
+    g = torch.Generator().manual_seed(0)
+    Z = torch.randn(9, 6, d + T, generator=g, dtype=torch.float64)
+    xq = torch.randn(9, d, generator=g, dtype=torch.float64)
+    KQ, OV = m.circuits()
+    pred = m.predict(Z, xq)
+    for k in range(m.K):
+        sl = m.member_slice(k)
+        w = m.member_weights(k)
+        np.testing.assert_allclose(C.kq(w), KQ[sl].detach().numpy(), atol=1e-12)
+        np.testing.assert_allclose(C.ov(w), OV[sl].detach().numpy(), atol=1e-12)  # (H,D) or (H,D,T)
+        y = C.forward(KQ[sl], OV[sl], Z, xq, activation, getattr(m, "n_train", None))
+        assert y.shape == ((9,) if T == 1 else (9, T))
+        torch.testing.assert_close(y, pred[k].detach(), rtol=0, atol=1e-10)
+        if T == 2:  # the same through the prompts' labels
+            y2 = C.circuit_predict(C.kq(w), C.ov(w), Z[..., :d], Z[..., d:], xq, activation,
+                                   getattr(m, "n_train", None))
+            torch.testing.assert_close(y2, pred[k].detach(), rtol=0, atol=1e-10)
+
+
+def test_two_outputs_omega_mu_metrics_classes_and_plot():
+    d, T = 3, 2
+    D = d + T
+    K = np.zeros((2, D, D))
+    V = np.zeros((2, D, T))
+    K[0, :d, :d], K[1, :d, :d] = 0.2 * np.eye(d), -0.1 * np.diag([1.0, 2.0, 3.0])
+    V[0, d, 0], V[0, d + 1, 1] = 1.5, 0.5
+    V[1, d, 0], V[1, d + 1, 1] = -2.0, -1.0
+    np.testing.assert_allclose(C.omega(K, d), [0.2, -0.2])
+    np.testing.assert_allclose(C.omega(K, d, per_coordinate=True)[1], [-0.1, -0.2, -0.3])
+    np.testing.assert_allclose(C.mu(V, d, T), [[1.5, 0.5], [-2.0, -1.0]])
+    np.testing.assert_allclose(C.mu(V[None], d, T)[0], C.mu(V, d, T))  # a leading (logged steps) axis
+    rows = C.circuit_metrics(K, V, outputs=T)
+    assert [r["diag_ratio"] for r in rows] == [1.0, 1.0] and all(r["sign_match"] for r in rows)
+    assert rows[0]["ov_last_ratio"] == pytest.approx(1.0) and rows[1]["diag_homogeneity"] > 0.1
+    assert C.classify_heads(C.omega(K, d), C.mu(V, d, T)) == ["positive", "negative"]
+    with pytest.raises(ValueError, match="OV"):
+        C.circuit_metrics(K, V)  # outputs not given: OV (H,D,T) is not one output
+    fig = plot_circuits(K, V, classes=["positive", "negative"])
+    assert len([a for a in fig.axes if a.get_visible()]) >= 4
+
+
+def test_relu_normaliser_when_every_score_is_negative():
+    from iclnb.models import MODELS
+
+    S = torch.tensor([[-1.0, -2.0, -0.5], [1.0, -1.0, 3.0]], dtype=torch.float64)
+    p = C.attention(S, "relu")
+    torch.testing.assert_close(p[0], torch.zeros(3, dtype=torch.float64))  # 0/0 is defined as 0
+    torch.testing.assert_close(p[1], torch.tensor([0.25, 0.0, 0.75], dtype=torch.float64))
+    Sg = S.clone().requires_grad_()
+    C.attention(Sg, "relu").sum().backward()
+    assert torch.isfinite(Sg.grad).all()
+    # a head whose every score is <= 0 outputs 0 and gets a finite (zero) gradient, hand and autograd
+    m = MODELS["normalized"](d=2, heads=[1], seeds=[0], device="cpu", dtype=torch.float64, activation="relu")
+    Z = torch.ones(4, 5, 3, dtype=torch.float64)
+    xq = torch.ones(4, 2, dtype=torch.float64)
+    KQ, _ = m.circuits()
+    xq = xq * -torch.sign((Z[0, 0] @ KQ[0][:, :2]).sum())  # every score z_i^T KQ x_q negative
+    assert (m.predict(Z, xq) == 0).all()
+    m.loss_and_grad(Z, xq, torch.ones(4, dtype=torch.float64))
+    hand = m.flat.grad.clone()
+    m.flat.grad = None
+    m.loss_and_grad(Z[None], xq[None], torch.ones(1, 4, dtype=torch.float64))  # per-member: autograd
+    assert torch.isfinite(hand).all() and torch.isfinite(m.flat.grad).all()

@@ -15,8 +15,8 @@ from iclnb import lipschitz as lp
 from iclnb.models import MODELS
 from iclnb.predictors import mc_risk
 from iclnb.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
-from iclnb.util import power_law_fit, rank_correlation
 from iclnb.train import TrainConfig, train
+from iclnb.util import power_law_fit, rank_correlation
 
 F64 = torch.float64
 KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]
@@ -208,6 +208,17 @@ def test_proportional_error_fits_and_ranks():
     assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
 
 
+def test_rank_correlation_ties():
+    """Ties share their average rank: a constant sequence (a window that does not depend on L) has
+    correlation 0 with anything, not the 1.0 that ranking ties by position gave."""
+    assert rank_correlation([0.125, 0.25, 0.5, 1, 2, 4], [3.0] * 6) == 0.0
+    assert rank_correlation([5, 5, 5], [1, 2, 3]) == 0.0
+    # Spearman with average ranks: Pearson of ranks (0, 1, 2, 3) and (0.5, 0.5, 2, 3)
+    expected = np.corrcoef([0, 1, 2, 3], [0.5, 0.5, 2, 3])[0, 1]
+    assert rank_correlation([1, 2, 3, 4], [1, 1, 2, 3]) == pytest.approx(expected)
+    assert rank_correlation([1, 2, 3, 4], [7, 7, 7, 8]) > 0  # a tie then a rise: positive, not 1
+
+
 def test_optimal_window_on_known_curves():
     ws = np.logspace(-1, 2, 31)
     curves = {"w": ws, "bias": ws**-2.0, "spread": ws}  # loss w^-2 + s^2 w: minimum at (2/s^2)^(1/3)
@@ -215,6 +226,59 @@ def test_optimal_window_on_known_curves():
     assert w == pytest.approx(8 ** (1 / 3), rel=0.02)
     w2, _ = lp.optimal_window(curves, sigma=0.5, scale=2.0)  # scale 2: bias x4
     assert w2 == pytest.approx(32 ** (1 / 3), rel=0.02)
+
+
+def test_optimal_window_returns_the_vertex_risk():
+    """The risk is the refined vertex's, below the best grid point's, on a coarse grid."""
+    ws = np.logspace(-1, 2, 7)  # coarse: the grid misses the minimum by far
+    curves = {"w": ws, "bias": ws**-2.0, "spread": ws}
+    w, r = lp.optimal_window(curves, sigma=0.5)
+    grid_best = (ws**-2.0 + 0.25 * ws).min()
+    lw = np.log(w)
+    assert r < grid_best
+    # the parabola in log w through the three points around the minimum, evaluated at its vertex
+    i = int(np.argmin(ws**-2.0 + 0.25 * ws))
+    coef = np.polyfit(np.log(ws[i - 1 : i + 2]), (ws**-2.0 + 0.25 * ws)[i - 1 : i + 2], 2)
+    assert r == pytest.approx(np.polyval(coef, lw), rel=1e-12)
+    true_min = 3 * (0.25 / 2) ** (2 / 3)  # min of w^-2 + s^2 w is 3 (s^2 / 2)^(2/3)
+    assert abs(r - true_min) < grid_best - true_min
+
+
+def test_best_fixed_window():
+    ws = np.logspace(-1, 2, 61)
+    curves = {"w": ws, "bias": ws**-2.0, "spread": ws}
+    assert lp.best_fixed_window([curves], [0.5], [1.0]) == pytest.approx(lp.optimal_window(curves, 0.5)[0])
+    # two tasks: the summed loss (1 + 4) w^-2 + 2 s^2 w has its minimum at (5 / s^2)^(1/3)
+    w = lp.best_fixed_window([curves, curves], [0.5, 0.5], [1.0, 2.0])
+    assert w == pytest.approx((5 / 0.25) ** (1 / 3), rel=0.01)
+
+
+def test_kernel_unit_and_linear_attention_fit():
+    t = [LipschitzRegression(d=3, n=20, function="affine", L=2.0, sigma=0.1),
+         LipschitzRegression(d=3, n=20, function="relu", L=1.0, sigma=0.3)]
+    p = t[0].sample(50, _gen(), dtype=F64)
+    unit = lp.kernel_unit(np.stack([2.0 * np.eye(3), np.zeros((3, 3))]), dtype=F64)
+    out = unit(p.X, p.y, p.xq)
+    torch.testing.assert_close(out[0], (circuits.kernel_weights(p.X, p.xq, 2.0) * p.y).sum(-1))
+    torch.testing.assert_close(out[1], p.y.mean(-1))  # M = 0: the context mean
+    fit = lp.fit_linear_attention(t, num_prompts=4000, seed=1)
+    plain = lp.fit_linear_attention(t, intercept=False, num_prompts=4000, seed=1)
+    assert fit.M.shape == (2, 3, 3) and torch.equal(plain.c, torch.zeros(2, dtype=F64))
+    # the prediction's formula, shared prompts and per-member prompts
+    M, c = fit.M, fit.c
+    ref = torch.stack([(p.y * torch.einsum("bnd,de,be->bn", p.X, M[k], p.xq)).mean(-1) + c[k] * p.y.mean(-1)
+                       for k in range(2)])
+    torch.testing.assert_close(fit(p.X, p.y, p.xq), ref)
+    per = fit(p.X.expand(2, *p.X.shape), p.y.expand(2, *p.y.shape), p.xq.expand(2, *p.xq.shape))
+    torch.testing.assert_close(per, ref)
+    # for the affine class, f = L q.x + b: E[y x] = L q / d, so M is a multiple of I (at most d I,
+    # shrunk at finite n) and c is close to 1 (ybar carries b)
+    scale, iso = circuits.proportional_error(M[0].numpy())
+    assert 0 < scale <= 3 and iso < 0.1 and abs(c[0].item() - 1) < 0.1
+    # least squares: the intercept never hurts, and the fit beats a perturbed one out of sample
+    r = mc_risk({"b": fit, "plain": plain, "worse": lp.LinearAttentionFit(M * 1.2, c)}, t, num_prompts=4000,
+                seed=2, dtype=F64)
+    assert np.all(r["b"] <= r["plain"]) and np.all(r["b"] < r["worse"])
 
 
 def test_window_curves_match_the_unit_with_M_wI():

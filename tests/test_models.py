@@ -12,7 +12,7 @@ import iclnb.train  # noqa: F401  (imports every module that registers a model: 
 from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
-NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid}
+NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu}
 # attention model name -> [(model kwargs, naive kwargs)]; a new model must add its case here, or
 # to another reference's cases (KERNEL_CASES: tests/test_lipschitz.py against NaiveKernel)
 CASES = {
@@ -26,7 +26,8 @@ IDS = [f"{name}-{mk.get('activation', '')}".rstrip("-") for name, mk, _ in ALL]
 
 def test_every_model_and_activation_has_a_reference():
     assert not set(CASES) & set(KERNEL_CASES)
-    assert set(CASES) | set(KERNEL_CASES) == set(MODELS) and set(NAIVE_PHI) == set(ACTIVATIONS)
+    other = {"kernel_sum"}  # its own naive reference: tests/test_kernel_sum.py
+    assert set(CASES) | set(KERNEL_CASES) | other == set(MODELS) and set(NAIVE_PHI) == set(ACTIVATIONS)
 
 
 def _model(name, mk, heads=(1, 2, 3), seeds=(4, 5, 6), T=1, scale=3.0):
@@ -129,7 +130,7 @@ def test_init_distribution_and_seeds():
 
 def test_circuits_and_logs():
     m = _model("softmax", {}, heads=(3,), seeds=(0,))
-    assert (m.heads, m.K, m.d, m.D, m.M, m.T) == ([3], 1, 3, 4, 3, 1)
+    assert (m.heads, m.K, m.d, m.D, m.Ht, m.T) == ([3], 1, 3, 4, 3, 1)
     KQ, OV = m.circuits()
     w = m.member_weights(0)
     torch.testing.assert_close(KQ, w["WK"].transpose(1, 2) @ w["WQ"] / 2)

@@ -223,3 +223,22 @@ def test_kernel_and_baselines_are_the_named_predictors(prompts):
     assert torch.equal(out["kernel sum"], P.kernel_sum_predict(X, y, xq, [0.1, -0.1], [4.0, -4.0]))
     assert torch.allclose(out["its expansion"], out["debiased GD, own step"], atol=1e-12)
     assert torch.equal(out["vanilla GD, own step"], P.gd_predict(X, y, xq, 0.8))
+
+
+def test_multi_output_labels_give_one_prediction_per_output():
+    """Labels (B,n,T): each output is the single-output predictor on its own labels."""
+    from iclnb import predictors as P
+
+    g = torch.Generator().manual_seed(5)
+    X, xq = torch.randn(6, 9, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)
+    Y = torch.randn(6, 9, 2, generator=g, dtype=torch.float64)
+    for f in (lambda X, y, xq: P.gd_predict(X, y, xq, 0.7), lambda X, y, xq: P.debiased_gd_predict(X, y, xq, 0.7),
+              lambda X, y, xq: P.ridge_predict(X, y, xq, 0.3)):
+        both = f(X, Y, xq)
+        assert both.shape == (6, 2)
+        for t in range(2):
+            torch.testing.assert_close(both[:, t], f(X, Y[..., t], xq))
+    mu = torch.tensor([[1.0, -0.5], [0.2, 2.0]], dtype=torch.float64)
+    both = P.kernel_sum_predict(X, Y, xq, [0.3, -0.6], mu)
+    for t in range(2):
+        torch.testing.assert_close(both[:, t], P.kernel_sum_predict(X, Y[..., t], xq, [0.3, -0.6], mu[:, t]))

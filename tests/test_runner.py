@@ -6,57 +6,6 @@ import pytest
 
 from iclnb import runner
 
-SOURCE = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
-iclnb:
-  description: a synthetic chapter for the runner tests
-  smoke: {n: 2}
-  paper: {n: 100}
----
-
-# 98. Synthetic
-
-```{code-cell} ipython3
-:tags: [parameters]
-n = 10  # a count
-fail_at = ""  # "cell" to raise in a cell, "glue" to glue a numpy scalar
-seed = 0  # random seed
-device = "auto"  # device
-enforce_claims = True  # raise when a claim fails
-```
-
-```{code-cell} ipython3
-from iclnb.claims import Claims
-claims = Claims("98_synthetic", enforce=enforce_claims)
-if fail_at == "cell":
-    raise RuntimeError("boom")
-import numpy as np
-from myst_nb import glue
-glue("n_half", np.float64(n / 2) if fail_at == "glue" else n / 2, display=False)
-claims.check("n-min", "n is at least 5", n, ">=", 5, null="n of 2", null_value=2, basis="theory",
-             paper=5)
-claims.not_attempted("n-rate", "a rate in n", "no sweep in this chapter", ref="Thm 9")
-```
-
-```{code-cell} ipython3
-claims.finish()
-```
-"""
-
-
-@pytest.fixture
-def chapter(tmp_path):
-    path = tmp_path / "98_synthetic.md"
-    path.write_text(SOURCE)
-    return runner.Chapter(98, "98_synthetic", path)
-
 
 def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):
     return runner.run_chapter(chapter, overrides, output=tmp_path / "out" / "98.ipynb", smoke=smoke,
@@ -69,7 +18,7 @@ def test_presets(chapter, tmp_path):
     assert r.parameters == {"n": 100} and r.preset == "paper" and r.ok and r.claims["enforced"]
     assert run(chapter, tmp_path, {"n": 7}, preset="paper").parameters == {"n": 7}  # overrides win
     assert run(chapter, tmp_path, preset="smoke").parameters == {"n": 2, "enforce_claims": False}
-    chapter.path.write_text(SOURCE.replace("  paper: {n: 100}\n", ""))
+    chapter.path.write_text(chapter.path.read_text().replace("  paper: {n: 100}\n", ""))
     with pytest.raises(runner.ParameterError, match="no preset 'paper'"):
         run(chapter, tmp_path, preset="paper")
 

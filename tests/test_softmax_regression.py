@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from iclnb import softmax_icl as si
 from iclnb import softmax_regression as sr
 from iclnb.tasks import SoftmaxRegression
 from iclnb.train import TrainConfig, build_model, select_best, train
@@ -149,10 +150,10 @@ def test_gradient_check_helper():
 
 def test_gd_one_step_from_zero_formula():
     t = SoftmaxRegression(d=4, n=15).draw(6, 2, torch.Generator().manual_seed(1))
-    x1 = sr.gd_one_step_from_zero(t["A"], t["b"], eta=2.0)
+    x1 = si.gd_one_step_from_zero(t["A"], t["b"], eta=2.0)
     ref = 2.0 / 15 * (t["A"].transpose(-1, -2) @ (t["b"] - 1 / 15).unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(x1, ref, rtol=1e-12, atol=1e-15)
-    y, s = sr.gd_predict(t["A"], t["b"], t["Aq"], 2.0)
+    y, s = si.gd_predict(t["A"], t["b"], t["Aq"], 2.0)
     assert y.shape == (6, 2) and s.shape == (6, 2, 4)
     assert torch.allclose(y, (t["Aq"] @ x1.unsqueeze(-1)).squeeze(-1))
 
@@ -170,7 +171,7 @@ def test_circuit_layer_matches_the_engine_model(name):
     t = task.draw(2, 4, torch.Generator().manual_seed(0))
     kw = {"n_train": 10} if name == "linear" else {}
     model = _model(3, [5, 6], name, **kw)
-    layer = sr.CircuitLayer.from_model(model, 1, task)
+    layer = si.CircuitLayer.from_model(model, 1, task)
     y, s = layer.predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
     assert y.shape == (2, 4) and s.shape == (2, 4, 3)
     Z = task.tokens(t["A"], t["b"])
@@ -180,7 +181,7 @@ def test_circuit_layer_matches_the_engine_model(name):
         (g,) = torch.autograd.grad(ym.sum(), a)
         assert torch.allclose(ym.detach(), y[:, q], rtol=1e-10, atol=1e-12)
         assert torch.allclose(g, s[:, q], rtol=1e-9, atol=1e-12)
-    assert not torch.allclose(y, sr.CircuitLayer.from_model(model, 0, task).predict(t["A"], t["b"], t["Aq"]))
+    assert not torch.allclose(y, si.CircuitLayer.from_model(model, 0, task).predict(t["A"], t["b"], t["Aq"]))
 
 
 def test_circuit_layer_from_history_is_the_final_model():
@@ -189,10 +190,10 @@ def test_circuit_layer_from_history_is_the_final_model():
                       steps=4, batch=8, lr=1e-2, log_every=2, device="cpu", dtype="float64")
     run = train(cfg, progress=False, cache=False)
     t = task.draw(3, 2, torch.Generator().manual_seed(1))
-    a = sr.CircuitLayer.from_history(run.history, 1, -1, task).predict(t["A"], t["b"], t["Aq"])
-    b = sr.CircuitLayer.from_model(run.model, 1, task).predict(t["A"], t["b"], t["Aq"])
+    a = si.CircuitLayer.from_history(run.history, 1, -1, task).predict(t["A"], t["b"], t["Aq"])
+    b = si.CircuitLayer.from_model(run.model, 1, task).predict(t["A"], t["b"], t["Aq"])
     assert torch.allclose(a, b, rtol=1e-12)
-    traj = sr.layer_trajectory(run.history, 0, sr.icl_tasks(task, 10, 10, 2), task)
+    traj = si.layer_trajectory(run.history, 0, si.icl_tasks(task, 10, 10, 2), task)
     assert traj["step"] == [0, 2, 4] and len(traj["cosine"]) == 3 and len(traj["step_size"]) == 3
 
 
@@ -207,27 +208,27 @@ def test_small_omega_layer_is_one_gd_step_and_linear_layer_is_exact():
     kq[:d, :d] = omega * torch.eye(d, dtype=torch.float64)
     ov = torch.zeros(d + 1, dtype=torch.float64)
     ov[d] = mu
-    soft = sr.CircuitLayer(kq, ov, task)
+    soft = si.CircuitLayer(kq, ov, task)
     assert soft.omega == pytest.approx(omega) and soft.mu == mu
     assert soft.effective_step() == pytest.approx(n * mu * omega)
-    y_gd, s_gd = sr.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
+    y_gd, s_gd = si.gd_predict(t["A"], t["b"], t["Aq"], eta=n * mu * omega)
     y = soft.predict(t["A"], t["b"], t["Aq"])
     assert ((y - y_gd).abs().max() / y_gd.abs().max()).item() < 1e-2
-    y_lin, s_lin = sr.CircuitLayer(kq, ov, task, kind="linear").predict(t["A"], t["b"], t["Aq"], True)
+    y_lin, s_lin = si.CircuitLayer(kq, ov, task, kind="linear").predict(t["A"], t["b"], t["Aq"], True)
     assert torch.allclose(y_lin, y_gd, rtol=1e-10, atol=1e-14) and torch.allclose(s_lin, s_gd, rtol=1e-10)
 
 
 def test_exact_solution_oracle_and_baselines():
     task = SoftmaxRegression(d=4, n=12)
     t = task.draw(5, 3, torch.Generator().manual_seed(3))
-    x = sr.exact_solution(t["A"], t["b"])
+    x = si.exact_solution(t["A"], t["b"])
     assert torch.allclose(x, t["x_star"], atol=1e-10)
-    y, s = sr.Oracle().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
+    y, s = si.Oracle().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
     assert torch.allclose(y, t["yq"], atol=1e-9) and s.shape == (5, 3, 4)
-    y0, s0 = sr.Uniform().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
+    y0, s0 = si.Uniform().predict(t["A"], t["b"], t["Aq"], with_sensitivity=True)
     assert (y0 == 0).all() and (s0 == 0).all()
-    tasks = sr.icl_tasks(task, eval_tasks=30, fit_tasks=30, queries=2)
-    cmp = sr.icl_comparison(tasks, {"oracle": sr.Oracle(), "uniform": sr.Uniform(), "gd": sr.GDStep(tasks["eta"])})
+    tasks = si.icl_tasks(task, eval_tasks=30, fit_tasks=30, queries=2)
+    cmp = si.icl_comparison(tasks, {"oracle": si.Oracle(), "uniform": si.Uniform(), "gd": si.GDStep(tasks["eta"])})
     assert cmp["oracle"]["mse"] < 1e-15 and cmp["uniform"]["rel_pred_diff"] == pytest.approx(1.0)
     assert cmp["uniform"]["cosine"] == 0.0 and cmp["gd"]["mse"] == pytest.approx(cmp["gd"]["mse"])
     assert cmp["gd"]["rel_pred_diff"] == 0.0
@@ -235,8 +236,8 @@ def test_exact_solution_oracle_and_baselines():
 
 def test_escaped_counts_per_group():
     val = [0.1, 0.6, 0.2, 0.9]
-    assert sr.escaped(val, 1.0) == {None: 2}
-    assert sr.escaped(val, 1.0, {"a": [0, 1], "b": [2, 3]}) == {"a": 1, "b": 1}
+    assert si.escaped(val, 1.0) == {None: 2}
+    assert si.escaped(val, 1.0, {"a": [0, 1], "b": [2, 3]}) == {"a": 1, "b": 1}
 
 
 def test_token_encodings_and_per_member_init_scale():
@@ -261,9 +262,9 @@ def test_von_oswald_metrics_identity():
     g = torch.Generator().manual_seed(0)
     y = torch.randn(10, 3, generator=g, dtype=torch.float64)
     s = torch.randn(10, 3, 4, generator=g, dtype=torch.float64)
-    m = sr.von_oswald_metrics(y, s, y, s)
+    m = si.von_oswald_metrics(y, s, y, s)
     assert m["pred_diff"] == 0 and m["sens_diff"] == 0 and m["cosine"] == pytest.approx(1.0)
-    m2 = sr.von_oswald_metrics(2 * y, 2 * s, y, s)
+    m2 = si.von_oswald_metrics(2 * y, 2 * s, y, s)
     assert m2["cosine"] == pytest.approx(1.0) and m2["rel_pred_diff"] == pytest.approx(1.0)
 
 
@@ -277,17 +278,17 @@ def test_train_through_engine_and_compare_tiny():
     assert train(cfg, progress=False).from_cache
     risks, best = select_best(run.model, task, num_prompts=50)
     assert risks.shape == (3,) and risks[best[None]] == risks.min()
-    tasks = sr.icl_tasks(task, eval_tasks=20, fit_tasks=20, queries=2)
-    cmp = sr.icl_comparison(tasks, {"layer": sr.CircuitLayer.from_model(run.model, best[None], task)})
+    tasks = si.icl_tasks(task, eval_tasks=20, fit_tasks=20, queries=2)
+    cmp = si.icl_comparison(tasks, {"layer": si.CircuitLayer.from_model(run.model, best[None], task)})
     for k in ("pred_diff", "rel_pred_diff", "sens_diff", "rel_sens_diff", "cosine", "mse"):
         assert math.isfinite(cmp["layer"][k])
     assert cmp["eta"] > 0 and len(cmp["scatter"]["layer"]) == 40
 
 
 def test_layer_config_members_scales_and_task():
-    cfg = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4, 5), init_scales=(1.0, 0.1), steps=3, batch=4,
+    cfg = si.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4, 5), init_scales=(1.0, 0.1), steps=3, batch=4,
                           device="cpu", encoding="raw", label_scale=10.0)
     assert cfg.heads == (1, 1) and cfg.init_seeds == (4, 5) and cfg.model_params == {"init_scale": (1.0, 0.1)}
     assert cfg.task_params["encoding"] == "raw" and cfg.task_params["label_scale"] == 10.0
-    lin = sr.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4,), model="linear", device="cpu")
+    lin = si.layer_config(d=3, n=10, lr=1e-3, init_seeds=(4,), model="linear", device="cpu")
     assert lin.model == "linear" and lin.model_params == {}

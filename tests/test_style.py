@@ -46,3 +46,11 @@ def test_long_code_lines_counts_code_cells_only():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(long),
                                          nbformat.v4.new_code_cell("y = 1\n" + long)])
     assert long_code_lines(nb) == [(1, 2, len(long), long)]
+
+
+@pytest.mark.parametrize("ch", runner.chapters(), ids=lambda c: c.slug)
+def test_parameter_help_papermill_can_parse(ch):
+    """Papermill parses the parameters cell itself and cannot read a help comment with '=', '<'
+    or '>' ("Unable to parse line", then "Passed unknown parameter"): notebooks/README.md."""
+    bad = [f"{p.name}: {p.help}" for p in ch.parameters() if any(c in p.help for c in "=<>")]
+    assert not bad, f"{ch.path.name}: parameter help with '=', '<' or '>': {bad}"
