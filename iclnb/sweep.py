@@ -146,6 +146,11 @@ def table_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
+def _cell(v):
+    """A table cell: lists and dicts (a list parameter, a list value) as JSON text."""
+    return json.dumps(v) if isinstance(v, (list, dict)) else v
+
+
 def write_table(rows: list[dict], out: Path) -> list[Path]:
     """``sweep.csv``, and ``sweep.parquet`` when pyarrow is installed."""
     paths = []
@@ -156,17 +161,15 @@ def write_table(rows: list[dict], out: Path) -> list[Path]:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         for row in rows:
-            w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+            w.writerow({k: _cell(v) for k, v in row.items()})
     paths.append(csv_path)
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         return paths
-    cols = {k: [json.dumps(r[k]) if isinstance(r[k], (list, dict, bool)) or r[k] is None and k in ("value",)
-                else r[k] for r in rows] for k in rows[0]}
-    cols = {k: [None if v is None else str(v) if k in ("value", "null_value") else v for v in vs]
-            for k, vs in cols.items()}
+    # a claim's value is a number, a boolean or a list: one JSON text column, as in the CSV
+    cols = {k: [json.dumps(r[k]) if k in ("value", "null_value") else _cell(r[k]) for r in rows] for k in rows[0]}
     pq.write_table(pa.table(cols), out / "sweep.parquet")
     paths.append(out / "sweep.parquet")
     return paths
