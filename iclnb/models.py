@@ -81,7 +81,9 @@ class Ensemble(nn.Module):
         self.flat = nn.Parameter(flat.to(device=device, dtype=dtype))
         member = torch.repeat_interleave(torch.arange(K), torch.tensor(heads))
         self.register_buffer("head_member", member.to(device), persistent=False)
-        self.register_buffer("sel", nn.functional.one_hot(member, K).to(device=device, dtype=dtype), persistent=False)
+        if max(heads) > 2:  # the dense selector, for CUDA only (see _sum_heads)
+            self.register_buffer("sel", nn.functional.one_hot(member, K).to(device=device, dtype=dtype),
+                                 persistent=False)
 
     # ---- what a model declares ----------------------------------------------------------------
     def layout(self) -> list[tuple[str, tuple]]:
@@ -120,6 +122,19 @@ class Ensemble(nn.Module):
         sl = self.member_slice(k)
         return {n: w[sl].detach().to("cpu", torch.float64).clone() for n, w in self.params(flat).items()}
 
+    def _sum_heads(self, x):
+        """(B, Ht[, T]) -> (B, K[, T]): every member's heads summed, as an index-add, O(B Ht) (the
+        dense one-hot product it replaced costs O(B Ht K): 33x more at 1,000 two-head members on
+        CPU, benchmarks/bench_scaling.py). On CUDA, where index_add_ adds with atomics in no fixed
+        order, members of 3 or more heads keep the one-hot product so runs stay bit-reproducible."""
+        if x.device.type == "cuda" and max(self.heads) > 2:
+            return (x.transpose(1, -1) @ self.sel).transpose(1, -1)
+        return x.new_zeros(x.shape[0], self.K, *x.shape[2:]).index_add_(1, self.head_member, x)
+
+    def _spread(self, x):
+        """(B, K[, T]) -> (B, Ht[, T]): every member's value on each of its heads (a gather)."""
+        return x.index_select(1, self.head_member)
+
     def forward(self, X, y, xq):
         """Predictions (K, B) (or (K, B, T)) from covariates X (..., B, n, d), labels y
         (..., B, n) or (..., B, n, T) and queries xq (..., B, d): the predictor interface of
@@ -141,7 +156,10 @@ class Ensemble(nn.Module):
         with torch.enable_grad():
             loss = self.member_losses(self.predict(Z, xq), yq)
             (grad,) = torch.autograd.grad(loss.sum(), self.flat)
-        self.flat.grad = grad
+        if self.flat.grad is None:
+            self.flat.grad = grad
+        else:  # the same buffer every step: a static buffer for a CUDA graph
+            self.flat.grad.copy_(grad)
         if loss_out is not None:
             loss_out.copy_(loss.detach())
             return loss_out
@@ -258,7 +276,7 @@ class _Attention(Ensemble):
         if Z.dim() == 4:
             return self._predict_members(Z, xq)
         yh, _ = self._heads(Z.transpose(1, 2), xq)
-        out = (yh.transpose(1, 2) @ self.sel).permute(2, 0, 1)  # (K,B,T)
+        out = self._sum_heads(yh).transpose(0, 1)  # (K,B,T)
         return out[..., 0] if self.T == 1 else out
 
     # ---- hand-derived gradients (the training hot path, shared prompts) ------------------------
@@ -281,9 +299,9 @@ class _Attention(Ensemble):
         # _kernel gives phi' (dphi; unused for exp, where phi' = phi = A1; None for phi' = 1). One output
         # (T = 1) takes plain elementwise forms: tiny matrix products cost more than they compute.
         if T == 1:  # gn is one number per head: scale after the product (as for the centring)
-            err = yh[..., 0] @ self.sel - yq.view(B, 1)  # (B,K)
+            err = self._sum_heads(yh[..., 0]) - yq.view(B, 1)  # (B,K)
             loss = torch.mean(err.square(), 0, out=loss_out)
-            gn = (err @ self.sel.T).unsqueeze(-1) * norm  # (B,Ht,1)
+            gn = self._spread(err).unsqueeze(-1) * norm  # (B,Ht,1)
             A2 = V[:, :, 0] if dphi is None else V[:, :, 0] * dphi
             Z = Zt.transpose(1, 2)
             G2 = torch.bmm(A2, Z)  # (B,Ht,D)
@@ -291,10 +309,10 @@ class _Attention(Ensemble):
                 G2 -= (G1 if self.exp_kernel else torch.bmm(dphi, Z)) * yh
             G2.mul_(gn)  # dL/du up to the constant factor
         else:
-            err = (yh.transpose(1, 2) @ self.sel).transpose(1, 2) - yq.view(B, 1, T)  # (B,K,T)
+            err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
             loss = err.square().mean((0, 2))
             loss = loss if loss_out is None else loss_out.copy_(loss)
-            gn = (err.transpose(1, 2) @ self.sel.T).transpose(1, 2) * norm  # (B,Ht,T)
+            gn = self._spread(err) * norm  # (B,Ht,T)
             A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,Ht,n)
             if dphi is not None:
                 A2 = A2.mul_(dphi)
@@ -500,7 +518,7 @@ class KernelSum(Ensemble):
             yh = (torch.softmax(omega[:, None, None] * s, -1) * y).sum(-1) * mu[:, None]  # (M,B)
             return yh.new_zeros(self.K, yh.shape[1]).index_add_(0, self.head_member, yh)
         yh = (torch.softmax(omega[None, :, None] * s[:, None, :], -1) * y[:, None, :]).sum(-1) * mu  # (B,M)
-        return (yh @ self.sel).T
+        return self._sum_heads(yh).T
 
     def snapshot(self):
         p = self.params()

@@ -19,6 +19,8 @@ parameters after s updates (on a fresh batch), and what the model's ``snapshot``
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -174,6 +176,12 @@ class Run:
     seconds: float  # wall time of this call (training, or loading from the cache)
     train_seconds: float  # wall time of the original training
     from_cache: bool
+    # how the original training ran: "cuda graphs" (full blocks replayed) or "eager", and why
+    # eager where graphs were asked for (fewer than 2 x log_every steps, a failed capture, ...)
+    training: str = "eager"
+    training_note: str = ""
+    replayed_steps: int = 0  # steps run as CUDA graph replays (the others eagerly)
+    capture_seconds: float = 0.0  # wall time of the one capture
 
 
 def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torch.nn.Module:
@@ -254,18 +262,43 @@ class _Blocks:
             self.opt.step()
 
 
-def cuda_graph_capture(fn, generators=()):
+class CaptureFailed(RuntimeError):
+    """A training block could not be captured as a CUDA graph; ``train(cfg, cuda_graphs=False)``
+    trains eagerly, ``cuda_graphs="fallback"`` goes on eagerly after a failed capture."""
+
+
+class EagerTraining(UserWarning):
+    """CUDA graphs were asked for (the default on CUDA) and the run trained eagerly."""
+
+
+def cuda_graph_capture(fn, generators=(), stream=None):
     """Capture ``fn()`` (one full block, after an eager warm-up block) as a CUDA graph and return
     its ``replay``. Follows PyTorch's recipe: static buffers (the block's), the warm-up on a side
     stream done by the caller, a capturable optimizer, and random numbers drawn inside the graph
     from ``generators``, registered with the graph before capture begins (each replay then
-    advances them as the eager steps would)."""
+    advances them as the eager steps would). ``stream``: a side stream of the run's device (the
+    default capture stream belongs to the device current when PyTorch first made it, so on a
+    multi-GPU machine a run on another device would record an empty graph)."""
     graph = torch.cuda.CUDAGraph()
     for g in generators:
         graph.register_generator_state(g)
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     return graph.replay
+
+
+def _training_state(model, opt, generators):
+    """What a failed capture may have touched: parameters, optimizer state, generator states."""
+    return (model.flat.detach().clone(), copy.deepcopy(opt.state_dict()), [g.get_state() for g in generators])
+
+
+def _restore_training_state(state, model, opt, generators) -> None:
+    flat, opt_state, gen_states = state
+    with torch.no_grad():
+        model.flat.copy_(flat)
+    opt.load_state_dict(opt_state)
+    for g, s in zip(generators, gen_states):
+        g.set_state(s)
 
 
 def _members(heads: tuple) -> str:
@@ -276,20 +309,38 @@ def _members(heads: tuple) -> str:
     return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
 
 
-def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, capture=None):
-    """Train ``model`` in place; returns the logged tensors (steps, loss and the snapshot's).
+def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
+    """Train ``model`` in place; returns (logs, training): the logged tensors (steps, loss and the
+    snapshot's) and how it trained (:class:`Run`'s ``training``, ``training_note``,
+    ``replayed_steps`` and ``capture_seconds``).
 
     On CUDA (``cuda_graphs`` None or True) the first block of ``log_every`` steps runs eagerly on
-    a side stream (the warm-up), the next is captured once as a CUDA graph, and every later full
-    block is one replay: the step is no longer bound by kernel launches. If the capture fails,
-    training goes on eagerly after one warning. ``capture`` replaces :func:`cuda_graph_capture`
-    (the tests drive the block logic on the CPU with an eager stand-in).
+    a side stream (the warm-up), the next is captured once as a CUDA graph on that stream, and
+    every later full block is one replay: the step is no longer bound by kernel launches. The
+    last, partial block runs eagerly. A failed capture raises :class:`CaptureFailed` (after the
+    process is back on its own stream, synchronised, with ``flat.grad`` cleared); with
+    ``cuda_graphs="fallback"`` the run instead restores the state from before the capture, warns
+    once and trains eagerly, exactly as ``cuda_graphs=False`` would. A run too short to replay
+    (fewer than 2 x log_every steps) warns once too (:class:`EagerTraining`). ``capture``
+    replaces :func:`cuda_graph_capture` (the tests drive the block logic on the CPU with an eager
+    stand-in). The NaN guard reads block b - 1 after block b is launched, so the host never
+    waits for the block it has just queued.
     """
+    check("cuda_graphs", cuda_graphs, cuda_graphs in (None, True, False, "fallback"),
+          "None or True (graphs on CUDA), False (eager) or 'fallback'")
     dev, dt = model.flat.device, model.flat.dtype
     K, every = model.K, min(cfg.log_every, cfg.steps)
     cuda = dev.type == "cuda"
     use_graphs = capture is not None or (cuda and cuda_graphs is not False)
-    capture = capture or cuda_graph_capture
+    training = {"training": "eager", "training_note": "", "replayed_steps": 0, "capture_seconds": 0.0}
+    if cuda and cuda_graphs is False:
+        training["training_note"] = "cuda_graphs=False"
+    elif use_graphs and cfg.steps < 2 * cfg.log_every:
+        training["training_note"] = (f"{cfg.steps} steps: fewer than 2 x log_every = {2 * cfg.log_every}, "
+                                     "no full block to replay after the warm-up")
+        warnings.warn(f"training eagerly on {dev}: {training['training_note']}", EagerTraining, stacklevel=3)
+    side = torch.cuda.Stream(device=dev) if cuda and use_graphs else None  # warm-up and capture stream
+    capture = capture or functools.partial(cuda_graph_capture, stream=side)
     batch, gens = prompt_stream(cfg, dev, dt)
     opt = torch.optim.Adam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True, capturable=cuda)
     if cfg.optimizer == "sgd":  # plain gradient descent: stateless, so a CUDA graph captures it as it is
@@ -313,22 +364,48 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, desc=desc, unit="step")
-    replay = None
+
+    def done(first_step, rows):  # a finished block: the NaN guard and the progress (one host sync)
+        check_finite(first_step, rows)
+        if show:
+            bar.update(len(rows))
+            bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in rows[-1].tolist()))
+        training_update(desc, first_step + len(rows), cfg.steps, lambda: float(rows[-1].mean()), started)
+
+    def try_capture():
+        state = _training_state(model, opt, gens) if cuda_graphs == "fallback" else None
+        stream = torch.cuda.current_stream(dev) if cuda else None
+        t0 = time.perf_counter()
+        try:
+            replay = capture(lambda: blocks.run(every), gens)
+        except Exception as e:  # noqa: BLE001 - any capture failure: back to a defined state first
+            if cuda:
+                torch.cuda.set_stream(stream)
+                torch.cuda.synchronize(dev)
+            model.flat.grad = None
+            why = f"CUDA graph capture failed ({type(e).__name__}: {e})"
+            if state is None:
+                raise CaptureFailed(f"{why}; train(cfg, cuda_graphs=False) trains eagerly (the same numbers), "
+                                    "cuda_graphs='fallback' goes on eagerly after a failed capture") from e
+            _restore_training_state(state, model, opt, gens)
+            training["training_note"] = why
+            warnings.warn(f"{why}; training eagerly", EagerTraining, stacklevel=4)
+            return None
+        training.update(training="cuda graphs", capture_seconds=time.perf_counter() - t0)
+        return replay
+
+    replay, pending = None, None
     on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
     with bar if show else contextlib.nullcontext(), on_device:
         for b, first in enumerate(range(0, cfg.steps, cfg.log_every)):
             count = min(every, cfg.steps - first)
             if use_graphs and b == 1 and count == every:  # capture after the warm-up block
-                try:
-                    replay = capture(lambda: blocks.run(every), gens)
-                except Exception as e:  # noqa: BLE001 - any capture failure falls back to eager steps
-                    warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); training eagerly",
-                                  stacklevel=3)
-                    use_graphs = False
+                replay = try_capture()
+                use_graphs = replay is not None
             if replay is not None and count == every:
                 replay()
-            elif b == 0 and cuda and use_graphs:  # the warm-up, on a side stream
-                side = torch.cuda.Stream(device=dev)
+                training["replayed_steps"] += count
+            elif b == 0 and cuda and use_graphs:  # the warm-up, on the side stream
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):
                     blocks.run(count)
@@ -338,11 +415,10 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
             loss[b] = blocks.first_loss
             for k, v in blocks.first_snap.items():
                 snap[k][b] = v
-            check_finite(first, blocks.window[:count])
-            if show:
-                bar.update(count)
-                bar.set_postfix_str("loss " + " ".join(f"{v:.3f}" for v in blocks.window[count - 1].tolist()))
-            training_update(desc, first + count, cfg.steps, lambda: float(blocks.window[count - 1].mean()), started)
+            if pending is not None:  # block b is queued: now wait for block b - 1 and check it
+                done(*pending)
+            pending = (first, blocks.window[:count].clone())
+        done(*pending)
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
             p = batch()
             loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
@@ -350,7 +426,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs: bool | None = None, c
             for k, v in model.snapshot().items():
                 snap[k][-1] = v
     model.flat.grad = None
-    return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}
+    return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}, training
 
 
 def _history(model, logs) -> History:
@@ -438,17 +514,20 @@ def _load(path: Path, cfg: TrainConfig, model):
         T = len(range(0, cfg.steps, cfg.log_every)) + 1
         if logs["steps"].shape != (T,) or any(logs[k].shape != (T, *s) for k, s in shapes.items()):
             raise ValueError("the logged history has the wrong shape")
-        return logs, float(entry["train_seconds"])
+        training = {"training": str(entry["training"]), "training_note": str(entry["training_note"]),
+                    "replayed_steps": int(entry["replayed_steps"]), "capture_seconds": float(entry["capture_seconds"])}
+        return logs, float(entry["train_seconds"]), training
     except Exception as e:  # noqa: BLE001 - any unreadable entry is recomputed, never fatal
         warnings.warn(f"ignoring unreadable run-cache entry {path} ({type(e).__name__}: {e}); retraining",
                       stacklevel=3)
         return None
 
 
-def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float) -> None:
-    """Atomic write (temp file in the same directory + os.replace); only tensors, numbers, strings."""
+def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float, training: dict) -> None:
+    """Atomic write (temp file in the same directory + os.replace); only tensors, numbers, strings.
+    The entry records how the run trained (``training``: CUDA graphs or eager, and why)."""
     entry = {"key": _canonical(cfg, model.flat.device), "flat": model.flat.detach().cpu(),
-             "train_seconds": float(seconds), **logs}
+             "train_seconds": float(seconds), **training, **logs}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -486,13 +565,32 @@ def _entry_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool | None = None) -> Run:
+RUNS_ENV = "ICLNB_RUNS"  # a JSON-lines file: one line per train() call (the book runner sets it)
+
+
+def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict) -> None:
+    """Append how a run trained to ``$ICLNB_RUNS`` when set (the Reproducibility page reads it)."""
+    path = os.environ.get(RUNS_ENV)
+    if not path:
+        return
+    line = {"run": f"{cfg.model} {_members(cfg.heads)}", "steps": cfg.steps, "device": str(device),
+            "from_cache": from_cache, **training}
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError:  # a courtesy record: never fail a run over it
+        pass
+
+
+def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None) -> Run:
     """Train the ensemble of ``cfg`` (or load it from the run cache).
 
     ``progress``: None shows a tqdm bar on a terminal or in Jupyter, never when ``ICLNB_QUIET=1``
     (set it when executing notebooks with papermill); True/False force it. ``cache=False``
     neither reads nor writes the cache. ``cuda_graphs``: on CUDA, train in blocks captured as
-    CUDA graphs (None/True, the default) or eagerly (False); the results are the same.
+    CUDA graphs (None/True, the default; a failed capture raises :class:`CaptureFailed`),
+    eagerly (False), or in graphs going on eagerly after a failed capture ("fallback"); the
+    results are the same. ``Run.training`` says which it was (for a cache hit: the original run).
     """
     check("cfg", type(cfg).__name__, isinstance(cfg, TrainConfig), "a TrainConfig")
     t0 = time.perf_counter()
@@ -501,12 +599,13 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs: bool
     with _entry_lock(path) if cache else contextlib.nullcontext():
         hit = _load(path, cfg, model) if cache else None
         if hit is not None:
-            logs, train_seconds = hit
+            logs, train_seconds, training = hit
         else:
             with cpu_threads(model.flat.device):
-                logs = _fit(cfg, model, _show_progress(progress), cuda_graphs)
+                logs, training = _fit(cfg, model, _show_progress(progress), cuda_graphs)
             train_seconds = time.perf_counter() - t0
             if cache:
-                _save(path, cfg, model, logs, train_seconds)
+                _save(path, cfg, model, logs, train_seconds, training)
+    _record_run(cfg, model.flat.device, hit is not None, training)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
-               train_seconds=train_seconds, from_cache=hit is not None)
+               train_seconds=train_seconds, from_cache=hit is not None, **training)

@@ -48,7 +48,8 @@ def test_matches_autograd_and_torch_adam(captured):
         loss.sum().backward()
         opt.step()
     model, calls = build_model(cfg), []
-    logs = _fit(cfg, model, show=False, capture=_eager_stand_in(calls) if captured else None)
+    logs, training = _fit(cfg, model, show=False, capture=_eager_stand_in(calls) if captured else None)
+    assert training["training"] == ("cuda graphs" if captured else "eager")
     assert calls == (["capture"] + ["replay"] * 3 if captured else [])
     torch.testing.assert_close(model.flat, ref.flat, rtol=0, atol=1e-10)
     logged = torch.stack([losses[s] for s in range(0, cfg.steps, cfg.log_every)])
@@ -181,28 +182,89 @@ def _eager_stand_in(calls):
     return capture
 
 
-@pytest.mark.parametrize("fail", [False, True])
+@pytest.mark.parametrize("fail", [None, "raise", "fallback"])
 def test_block_path_equals_the_eager_step(fail):
     """What the CUDA path captures (one block of log_every steps on static buffers, after an eager
-    warm-up block), run eagerly on the CPU, trains exactly like the plain loop; a failed capture
-    warns once and trains eagerly."""
-    from iclnb.train import _fit
+    warm-up block), run eagerly on the CPU, trains exactly like the plain loop. A failed capture
+    raises CaptureFailed (pointing to cuda_graphs=False) with flat.grad cleared; with
+    cuda_graphs="fallback" it warns once and, restored to the state before the capture, trains
+    exactly as the eager loop, even when the failed capture had changed parameters, the
+    optimizer's state and the generators."""
+    from iclnb.train import CaptureFailed, EagerTraining, _fit
 
     cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})  # 4 full blocks of 10 and one of 7
     plain = build_model(cfg)
-    ref = _fit(cfg, plain, show=False, cuda_graphs=False)
+    ref, _ = _fit(cfg, plain, show=False, cuda_graphs=False)
     calls, model = [], build_model(cfg)
     if fail:
         def capture(fn, generators):
+            fn()  # a capture that fails late: it has run (and changed) everything first
             raise RuntimeError("no graphs here")
-        with pytest.warns(UserWarning, match="CUDA graph capture failed"):
-            logs = _fit(cfg, model, show=False, capture=capture)
+        if fail == "raise":
+            with pytest.raises(CaptureFailed, match="cuda_graphs=False"):
+                _fit(cfg, model, show=False, capture=capture)
+            assert model.flat.grad is None
+            return
+        with pytest.warns(EagerTraining, match="CUDA graph capture failed") as record:
+            logs, training = _fit(cfg, model, show=False, capture=capture, cuda_graphs="fallback")
+        assert len(record) == 1 and training["training"] == "eager" and "no graphs here" in training["training_note"]
     else:
-        logs = _fit(cfg, model, show=False, capture=_eager_stand_in(calls))
+        logs, training = _fit(cfg, model, show=False, capture=_eager_stand_in(calls))
         assert calls == ["capture"] + ["replay"] * 3  # blocks 1-3 replay; block 0 warms up, block 4 is partial
+        assert training["training"] == "cuda graphs" and training["replayed_steps"] == 30
     assert torch.equal(model.flat, plain.flat)
     for k in ref:
         assert torch.equal(logs[k], ref[k]), k
+
+
+def test_short_run_warns_that_it_trains_eagerly():
+    """Fewer than 2 x log_every steps leave no full block to replay: one warning, recorded."""
+    from iclnb.train import EagerTraining, _fit
+
+    cfg = TrainConfig(heads=(1,), **{**TINY, "steps": 15})
+    with pytest.warns(EagerTraining, match="fewer than 2 x log_every") as record:
+        _, training = _fit(cfg, build_model(cfg), show=False, capture=_eager_stand_in([]))
+    assert len(record) == 1 and training["training"] == "eager" and training["replayed_steps"] == 0
+
+
+def test_run_and_cache_entry_record_how_it_trained(tmp_path, monkeypatch):
+    """Run.training (and the cache entry, and the $ICLNB_RUNS record) say how the run trained."""
+    import json
+
+    from iclnb.train import RUNS_ENV
+
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs.jsonl"))
+    cfg = TrainConfig(heads=(1, 2), **TINY)
+    first, hit = train(cfg), train(cfg)
+    assert (first.training, first.replayed_steps, first.capture_seconds) == ("eager", 0, 0.0)
+    assert hit.from_cache and (hit.training, hit.training_note) == (first.training, first.training_note)
+    entry = torch.load(cache_path(cfg), weights_only=True)
+    assert entry["training"] == "eager" and entry["replayed_steps"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [x["from_cache"] for x in lines] == [False, True] and lines[0]["training"] == "eager"
+    assert lines[0]["run"] == "softmax heads=[1, 2]" and lines[0]["device"] == "cpu"
+
+
+def test_nan_guard_reads_the_previous_block_after_the_next():
+    """The deferred NaN guard: a loss that turns NaN in block b is reported (with its step) after
+    block b + 1 has run, on the CPU as on CUDA; a NaN in the last block is still caught."""
+    from iclnb.train import _fit
+
+    cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})
+    for bad_step, blocks_run in ((13, 3), (45, 5)):
+        model, steps = build_model(cfg), [0]
+        original = model.loss_and_grad
+
+        def poisoned(Z, xq, yq, loss_out=None):
+            out = original(Z, xq, yq, loss_out)
+            if steps[0] == bad_step:
+                out[1] = float("nan")
+            steps[0] += 1
+            return out
+        model.loss_and_grad = poisoned
+        with pytest.raises(FloatingPointError, match=rf"member 1 \(heads=2\) has loss nan at step {bad_step}"):
+            _fit(cfg, model, show=False)
+        assert steps[0] == min(10 * blocks_run, cfg.steps)
 
 
 GPU_CASES = {
