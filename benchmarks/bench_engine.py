@@ -40,12 +40,13 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
-from iclnb.lipschitz import LipschitzRegression
-from iclnb.train import TrainConfig, train
+from iclnb.tasks import LipschitzRegression
+from iclnb.train import EagerTraining, TrainConfig, train
 from iclnb.util import keep_freed_memory, resolve_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -77,10 +78,17 @@ def naive_runner(H, query_only, device):
     return run
 
 
+def _graphs_used(run, cuda_graphs=None):
+    """On CUDA, a timed run (at least 2 logging blocks) must have replayed graphs unless told not to."""
+    c = run.config
+    if run.model.flat.is_cuda and cuda_graphs is not False and c.steps >= 2 * c.log_every:
+        assert run.training == "cuda graphs", f"trained eagerly: {run.training_note}"
+
+
 def engine_runner(heads, device, cuda_graphs=None):
     def run(steps):
-        train(TrainConfig(heads=heads, steps=steps, task_params={"sigma2": SIGMA2}, device=str(device)),
-              progress=False, cache=False, cuda_graphs=cuda_graphs)
+        _graphs_used(train(TrainConfig(heads=heads, steps=steps, task_params={"sigma2": SIGMA2}, device=str(device)),
+                           progress=False, cache=False, cuda_graphs=cuda_graphs), cuda_graphs)
 
     return run
 
@@ -123,9 +131,9 @@ def lipschitz_naive_runner(device):
 
 def lipschitz_engine_runner(device):
     def run(steps):
-        train(TrainConfig(model="kernel", task="lipschitz", d=LIP_D, n=LIP_N, heads=(1,) * len(LIP_GRID),
-                          task_params={"sigma": LIP_SIGMA}, member_params=LIP_GRID, batch=LIP_B, lr=LIP_LR,
-                          steps=steps, device=str(device)), progress=False, cache=False)
+        _graphs_used(train(TrainConfig(model="kernel", task="lipschitz", d=LIP_D, n=LIP_N, heads=(1,) * len(LIP_GRID),
+                                       task_params={"sigma": LIP_SIGMA}, member_params=LIP_GRID, batch=LIP_B,
+                                       lr=LIP_LR, steps=steps, device=str(device)), progress=False, cache=False))
 
     return run
 
@@ -149,7 +157,7 @@ def measure(runners, seconds, rounds, differential=False):
     s / (t(2 s) - t(s)), which cancels what a call costs once (building the model, the eager
     warm-up block and the CUDA-graph capture) and leaves the rate of the replayed steps; s is at
     least 4 logging blocks (400 steps) so that the graph path replays."""
-    least = 400 if differential else 10
+    least, every = (400 if differential else 10), TrainConfig.log_every
     steps, best = {}, {name: 0.0 for name in runners}
     runners = {name: _synchronised(run) for name, run in runners.items()}
     for name, run in runners.items():  # warm up, and size each measurement from the warm-up's rate
@@ -157,6 +165,8 @@ def measure(runners, seconds, rounds, differential=False):
         t0 = time.perf_counter()
         run(least)
         steps[name] = max(least, int(seconds * least / (time.perf_counter() - t0)))
+        if differential:  # whole blocks only: s and 2 s then differ by s replayed steps, no eager leftovers
+            steps[name] = -(-steps[name] // every) * every
     for _ in range(rounds):
         for name, run in runners.items():
             s = steps[name]
@@ -182,6 +192,7 @@ def main():
     args = ap.parse_args()
     device = resolve_device(args.device)
     keep_freed_memory()  # what train() does on CPU; set first so every implementation gets it
+    warnings.simplefilter("ignore", EagerTraining)  # the short warm-up calls; timed runs assert graphs
     seconds, rounds = (0.3, 1) if args.quick else (0.8, 3)
     runners = {}
     for H in HEADS:

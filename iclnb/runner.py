@@ -182,6 +182,7 @@ class Result:
     error: str = ""  # which cell failed and why; empty on success
     claims: dict = field(default_factory=dict)
     preset: str = ""  # the preset the chapter ran with ("" for its defaults)
+    runs: list = field(default_factory=list)  # how its training runs trained (iclnb.train's $ICLNB_RUNS records)
 
     @property
     def claims_failed(self) -> int:
@@ -222,6 +223,7 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
+RUNS_ENV = "ICLNB_RUNS"  # iclnb.train.RUNS_ENV (not imported here: the runner starts without torch)
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
 # the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
 # every start (the kernel is local, started by papermill on the loopback interface); a reader of
@@ -260,8 +262,11 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
     output.parent.mkdir(parents=True, exist_ok=True)
     cpath = claims_path(output)
     cpath.unlink(missing_ok=True)
-    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET")}
+    rpath = output.with_suffix(".runs.jsonl")
+    rpath.unlink(missing_ok=True)
+    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET", RUNS_ENV)}
     os.environ["ICLNB_CLAIMS_JSON"] = str(cpath)
+    os.environ[RUNS_ENV] = str(rpath)
     os.environ["ICLNB_QUIET"] = "1"
     log(f"running chapter {chapter.number} ({chapter.slug}) with {params or 'its defaults'} ...")
     start = time.perf_counter()
@@ -281,11 +286,12 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
                 os.environ[k] = v
     seconds = time.perf_counter() - start
     claims = json.loads(cpath.read_text()) if cpath.exists() else {}
+    runs = [json.loads(line) for line in rpath.read_text().splitlines()] if rpath.exists() else []
     if error and claims.get("failed") and claims.get("enforced"):
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
     if not error and output.exists():
         error = unformattable_glue(output)
-    return Result(chapter, output, params, seconds, error, claims, preset)
+    return Result(chapter, output, params, seconds, error, claims, preset, runs)
 
 
 def versions() -> dict:
@@ -307,6 +313,25 @@ def _device_words(device) -> str:
         return describe_device(device)
     except ValueError:
         return "not available here"
+
+
+def _training_words(runs: list[dict]) -> str:
+    """How a chapter's training runs trained, in words: CUDA graphs or eagerly, and why eagerly."""
+    if not runs:
+        return "It trained no model through the engine."
+    graphs = [x for x in runs if x.get("training") == "cuda graphs"]
+    cached = sum(bool(x.get("from_cache")) for x in runs)
+    devices = ", ".join(f"`{d}`" for d in sorted({x.get("device", "?") for x in runs}))
+    text = (f"Training: {len(runs)} run(s) on {devices}, {len(graphs)} in CUDA graphs and "
+            f"{len(runs) - len(graphs)} eagerly")
+    notes = sorted({x["training_note"] for x in runs if x.get("training_note")})
+    if notes:
+        text += " (" + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else "") + ")"
+    if graphs:
+        text += f"; CUDA graph capture {sum(x.get('capture_seconds', 0.0) for x in graphs):.1f} s in all"
+    if cached:
+        text += f"; {cached} loaded from the run cache (as the original run trained)"
+    return text + "."
 
 
 def _md_row(cells) -> str:
@@ -357,7 +382,7 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
         preset = f"the **{r.preset}** preset" if r.preset else "its defaults"
         lines += ["", f"## {r.chapter.title}", "",
                   f"Ran with {preset} on device `{full.get('device', 'n/a')}`, that is "
-                  f"{_device_words(full.get('device', 'auto'))}. "
+                  f"{_device_words(full.get('device', 'auto'))}. {_training_words(r.runs)} "
                   f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
                   "```", ""]
         if r.error:
