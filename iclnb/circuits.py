@@ -63,6 +63,7 @@ __all__ = [
     "classify_heads",
     "effective_gd_step",
     "linearized_step",
+    "kq_preconditioner",
     "group_params",
     "pattern_ok",
     "pair_state",
@@ -130,9 +131,14 @@ FAMILY_VALUES = (0.8, 1.0)  # the parameter values registered for every family (
 
 
 def family_activation(family: str, a: float) -> str:
-    """The ``ACTIVATIONS`` name of family ``family`` at parameter ``a``, e.g. ``"shifted_relu(0.8)"``."""
+    """The ``ACTIVATIONS`` name of family ``family`` at parameter ``a`` > 0, e.g.
+    ``"shifted_relu(0.8)"``; a value other than ``FAMILY_VALUES`` joins ``ACTIVATIONS`` here."""
     check_choice("family", family, FAMILIES)
-    return f"{family}({float(a):g})"
+    check("a", a, is_real(a) and a > 0, "a real number > 0")
+    name = f"{family}({float(a):g})"
+    if name not in ACTIVATIONS:
+        ACTIVATIONS[name] = FAMILIES[family][0](float(a))
+    return name
 
 
 def taylor_c(activation: str) -> float:
@@ -371,6 +377,16 @@ def effective_gd_step(omega, mu, classes: Sequence[str]) -> float:
     if len(classes) != omega.size:
         raise ValueError(f"{len(classes)} classes for {omega.size} heads")
     return float(2 * sum(o * m for o, m, c in zip(omega, mu, classes) if c == "positive"))
+
+
+def kq_preconditioner(kq_, ov_, c: float = 1.0) -> np.ndarray:
+    """The matrix of the heads' first-order expansion, ``c sum_h mu_h KQ_h[:d, :d]`` (d, d), from
+    KQ (H,D,D) and OV (H,D) (one output): with p_i ~ (1 + c (s_i - s_bar)) / n the layer is
+    (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q with this Gamma (chapter 7;
+    c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I it is c sum_h omega_h mu_h I."""
+    K, V = _np(kq_), _np(ov_)
+    d = K.shape[-1] - 1
+    return c * np.einsum("h,hij->ij", mu(V, d), K[:, :d, :d])
 
 
 def linearized_step(omega, mu) -> float:
