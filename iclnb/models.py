@@ -346,7 +346,9 @@ class SoftmaxAttention(_Attention):
 @register
 class NormalizedAttention(_Attention):
     """Softmax attention with exp replaced by another activation phi:
-    p_i = phi(s_i) / sum_j phi(s_j), phi from ``ACTIVATIONS`` (``activation``)."""
+    p_i = phi(s_i) / sum_j phi(s_j), phi from ``ACTIVATIONS`` (``activation``: one name for
+    every member, or a list with one name per member, so that several activations train as one
+    ensemble)."""
 
     name = "normalized"
 

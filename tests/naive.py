@@ -20,7 +20,6 @@ import math
 import torch
 from torch import nn
 
-
 # phi of every activation of iclnb.circuits.ACTIVATIONS, written out independently
 NAIVE_PHI = {
     "softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu, "exp": torch.exp,
