@@ -42,6 +42,10 @@ from .util import check, check_choice, check_int, is_real
 
 __all__ = [
     "ACTIVATIONS",
+    "FAMILIES",
+    "FAMILY_VALUES",
+    "family_activation",
+    "taylor_c",
     "attention",
     "normaliser",
     "head_outputs",
@@ -59,6 +63,7 @@ __all__ = [
     "classify_heads",
     "effective_gd_step",
     "linearized_step",
+    "kq_preconditioner",
     "group_params",
     "pattern_ok",
     "pair_state",
@@ -96,8 +101,58 @@ def _relu(s):
     return s.clamp(min=0), (s > 0).to(s.dtype)
 
 
+def _exp(s):
+    e = s.exp()
+    return e, e
+
+
+def _shifted_relu(a: float) -> Callable:
+    """phi(s) = relu(s + a): phi(0) = a, phi'(0) = 1, c = 1 / a."""
+    return lambda s: ((s + a).clamp(min=0), (s + a > 0).to(s.dtype))
+
+
+def _shifted_square(a: float) -> Callable:
+    """phi(s) = (s + a)^2: phi(0) = a^2, phi'(0) = 2 a, c = 2 / a."""
+    return lambda s: ((s + a).square(), 2 * (s + a))
+
+
+def _scaled_softplus(b: float) -> Callable:
+    """phi(s) = log(1 + e^(b s)) / b: phi(0) = log(2) / b, phi'(0) = 1/2, c = b / (2 log 2)."""
+    return lambda s: (torch.nn.functional.softplus(s, beta=b), torch.sigmoid(b * s))
+
+
+# chapter 7's families of phi with one parameter each: name -> (maker of (phi, phi'), formula)
+FAMILIES: dict[str, tuple[Callable, str]] = {
+    "shifted_relu": (_shifted_relu, "relu(s + a)"),
+    "shifted_square": (_shifted_square, "(s + a)^2"),
+    "scaled_softplus": (_scaled_softplus, "log(1 + exp(a s)) / a"),
+}
+FAMILY_VALUES = (0.8, 1.0)  # the parameter values registered for every family (the paper's two)
+
+
+def family_activation(family: str, a: float) -> str:
+    """The ``ACTIVATIONS`` name of family ``family`` at parameter ``a`` > 0, e.g.
+    ``"shifted_relu(0.8)"``; a value other than ``FAMILY_VALUES`` joins ``ACTIVATIONS`` here."""
+    check_choice("family", family, FAMILIES)
+    check("a", a, is_real(a) and a > 0, "a real number > 0")
+    name = f"{family}({float(a):g})"
+    if name not in ACTIVATIONS:
+        ACTIVATIONS[name] = FAMILIES[family][0](float(a))
+    return name
+
+
+def taylor_c(activation: str) -> float:
+    """c = phi'(0) / phi(0) of an activation (``"softmax"``: exp, c = 1), so that
+    phi(s) ~ phi(0) (1 + c s) near 0 and a +- pair of heads is debiased GD with step 2 c omega mu."""
+    name = "exp" if activation == "softmax" else activation
+    check_choice("activation", name, ACTIVATIONS)
+    phi, dphi = ACTIVATIONS[name](torch.zeros(1, dtype=torch.float64))
+    return float(dphi[0] / phi[0]) if float(phi[0]) != 0 else float("inf")
+
+
 # (phi, phi') of the scores, for p_i = phi(s_i) / sum_j phi(s_j); a new activation joins here
-ACTIVATIONS: dict[str, Callable] = {"softplus": _softplus, "sigmoid": _sigmoid, "relu": _relu}
+ACTIVATIONS: dict[str, Callable] = {"softplus": _softplus, "sigmoid": _sigmoid, "relu": _relu, "exp": _exp}
+ACTIVATIONS.update({family_activation(f, a): make(a) for f, (make, _) in FAMILIES.items() for a in FAMILY_VALUES})
 
 
 def normaliser(phi: torch.Tensor) -> torch.Tensor:
@@ -322,6 +377,16 @@ def effective_gd_step(omega, mu, classes: Sequence[str]) -> float:
     if len(classes) != omega.size:
         raise ValueError(f"{len(classes)} classes for {omega.size} heads")
     return float(2 * sum(o * m for o, m, c in zip(omega, mu, classes) if c == "positive"))
+
+
+def kq_preconditioner(kq_, ov_, c: float = 1.0) -> np.ndarray:
+    """The matrix of the heads' first-order expansion, ``c sum_h mu_h KQ_h[:d, :d]`` (d, d), from
+    KQ (H,D,D) and OV (H,D) (one output): with p_i ~ (1 + c (s_i - s_bar)) / n the layer is
+    (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q with this Gamma (chapter 7;
+    c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I it is c sum_h omega_h mu_h I."""
+    K, V = _np(kq_), _np(ov_)
+    d = K.shape[-1] - 1
+    return c * np.einsum("h,hij->ij", mu(V, d), K[:, :d, :d])
 
 
 def linearized_step(omega, mu) -> float:

@@ -364,17 +364,36 @@ class SoftmaxAttention(_Attention):
 @register
 class NormalizedAttention(_Attention):
     """Softmax attention with exp replaced by another activation phi:
-    p_i = phi(s_i) / sum_j phi(s_j), phi from ``ACTIVATIONS`` (``activation``)."""
+    p_i = phi(s_i) / sum_j phi(s_j), phi from ``ACTIVATIONS`` (``activation``: one name for
+    every member, or a list with one name per member, so that several activations train as one
+    ensemble)."""
 
     name = "normalized"
 
     def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, activation="softplus"):
-        check_choice("activation", activation, ACTIVATIONS)
+        # one name for every member, or a list of names, one per member (all phi in one ensemble)
+        K = 1 if is_int(heads) else len(heads)
+        acts = list(activation) if isinstance(activation, (list, tuple)) else [activation] * K
+        check("activation", activation, len(acts) == K, f"a name or {K} names (one per member)")
+        for a in acts:
+            check_choice("activation", a, ACTIVATIONS)
         self.activation = activation
         super().__init__(d, heads, outputs, seeds, device, dtype)
+        # runs of consecutive heads with one activation: (phi, head slice)
+        per_head = [acts[k] for k in self.head_member.tolist()]
+        self._runs, start = [], 0
+        for a, group in itertools.groupby(per_head):
+            size = len(list(group))
+            self._runs.append((ACTIVATIONS[a], slice(start, start + size)))
+            start += size
 
     def _kernel(self, S):
-        phi, dphi = ACTIVATIONS[self.activation](S)
+        if len(self._runs) == 1:
+            phi, dphi = self._runs[0][0](S)
+        else:  # head axis 1 of S (B, Ht, n)
+            phi, dphi = torch.empty_like(S), torch.empty_like(S)
+            for f, sl in self._runs:
+                phi[:, sl], dphi[:, sl] = f(S[:, sl])
         return phi, dphi, normaliser(phi)  # 0 where every phi is 0 (a ReLU-type phi), not 0/0
 
 

@@ -76,6 +76,11 @@ __all__ = [
     "support_ridge_predict",
     "diag_kernel_sum_predict",
     "gd_retuned",
+    "optimal_preconditioner",
+    "preconditioned_gd_risk",
+    "preconditioned_gd_predict",
+    "fit_matrix_preconditioner",
+    "preconditioned_gd_best_step",
 ]
 
 
@@ -575,3 +580,80 @@ def gd_retuned(d: int, sigma2: float) -> ByLength:
     step to the prompt's length, which a trained model with a fixed step is not."""
     check_regression(2, d, sigma2)
     return ByLength(lambda m: gd_at(gd_optimal_step(m, d, sigma2)))
+
+
+# --------------------------------------------------------------------------- covariance Sigma (chapter 7)
+# x ~ N(0, Sigma), beta ~ N(0, I/d), y = beta^T x + eps. Preconditioned GD with a d x d matrix
+# Gamma predicts y_hat = h^T Gamma x_q with h = (1/n) sum_i y_i x_i (plain) or
+# h = (1/n) sum_i y_i (x_i - x_bar) (debiased). With kappa = E[h | beta] / (Sigma beta) (1, or
+# (n-1)/n debiased) and Q = d E[h h^T] (Isserlis for plain, Wishart_{n-1}(Sigma) moments
+# E[W^2] = m(m+1) Sigma^2 + m tr(Sigma) Sigma for debiased):
+#   plain:    Q = ((n+1) Sigma^2 + (tr Sigma + d s2) Sigma) / n
+#   debiased: Q = (n-1) (n Sigma^2 + (tr Sigma + d s2) Sigma) / n^2
+# the risk is R(Gamma) = s2 + [tr Sigma - 2 kappa tr(Gamma^T Sigma^2) + tr(Gamma Sigma Gamma^T Q)] / d,
+# quadratic in Gamma, minimised where Sigma Gamma Q = kappa Sigma^2:
+#   plain:    Gamma* = n ((n+1) Sigma + (tr Sigma + d s2) I)^{-1}
+#   debiased: Gamma* = n (n Sigma + (tr Sigma + d s2) I)^{-1}
+# with risk R* = s2 + [tr Sigma - kappa tr(Gamma* Sigma^2)] / d. For Sigma = I: Gamma* = eta* I.
+def _sigma(Sigma) -> np.ndarray:
+    S = np.asarray(Sigma.detach().cpu() if isinstance(Sigma, torch.Tensor) else Sigma, dtype=np.float64)
+    check("Sigma", S.shape, S.ndim == 2 and S.shape[0] == S.shape[1], "a square matrix (d, d)")
+    return S
+
+
+def _pgd_moments(S: np.ndarray, n: int, sigma2: float, debiased: bool):
+    d = S.shape[0]
+    check_regression(n, d, sigma2, n_min=2 if debiased else 1)
+    a = np.trace(S) + d * sigma2
+    if debiased:
+        return (n - 1) / n, (n - 1) * (n * S @ S + a * S) / n**2
+    return 1.0, ((n + 1) * S @ S + a * S) / n
+
+
+def optimal_preconditioner(Sigma, n: int, sigma2: float, debiased: bool = True) -> np.ndarray:
+    """The risk-minimising Gamma (d, d) of preconditioned (debiased) GD for x ~ N(0, Sigma):
+    n (n Sigma + (tr Sigma + d s2) I)^{-1} debiased, n ((n+1) Sigma + (tr Sigma + d s2) I)^{-1}
+    plain (derivation above; for Sigma = I the optimal steps of debiased / vanilla GD)."""
+    S = _sigma(Sigma)
+    d = S.shape[0]
+    check_regression(n, d, sigma2, n_min=2 if debiased else 1)
+    return n * np.linalg.inv((n if debiased else n + 1) * S + (np.trace(S) + d * sigma2) * np.eye(d))
+
+
+def preconditioned_gd_risk(Gamma, Sigma, n: int, sigma2: float, debiased: bool = True) -> float:
+    """Exact risk (noisy target) of :func:`preconditioned_gd_predict` with the matrix Gamma, for
+    x ~ N(0, Sigma), beta ~ N(0, I/d): s2 + [tr S - 2 k tr(G^T S^2) + tr(G S G^T Q)] / d."""
+    S, G = _sigma(Sigma), np.asarray(Gamma, dtype=np.float64)
+    G = G * np.eye(S.shape[0]) if G.ndim == 0 else G
+    kappa, Q = _pgd_moments(S, n, sigma2, debiased)
+    d = S.shape[0]
+    return float(sigma2 + (np.trace(S) - 2 * kappa * np.trace(G.T @ S @ S) + np.trace(G @ S @ G.T @ Q)) / d)
+
+
+def preconditioned_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, Gamma,
+                              debiased: bool = True) -> torch.Tensor:
+    """(1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q (``debiased``; x_i without it), Gamma (d, d)."""
+    G = torch.as_tensor(np.asarray(Gamma, dtype=np.float64), dtype=X.dtype, device=X.device)
+    Xc = X - X.mean(dim=-2, keepdim=True) if debiased else X
+    return torch.einsum("bn,bnd,de,be->b", y, Xc, G, xq) / X.shape[-2]
+
+
+def fit_matrix_preconditioner(prompts, debiased: bool = True) -> np.ndarray:
+    """The Monte Carlo minimiser of the risk over all Gamma (d, d): least squares of y_q on the
+    d^2 features h_j x_qk of :func:`preconditioned_gd_predict` over ``prompts`` (the risk is
+    quadratic in Gamma, so this converges to :func:`optimal_preconditioner`)."""
+    X, y, xq, yq = (t.double() for t in (prompts.X, prompts.y, prompts.xq, prompts.yq))
+    Xc = X - X.mean(dim=-2, keepdim=True) if debiased else X
+    h = torch.einsum("bn,bnd->bd", y, Xc) / X.shape[-2]
+    F = (h[:, :, None] * xq[:, None, :]).reshape(len(yq), -1)
+    d = X.shape[-1]
+    return torch.linalg.lstsq(F, yq[:, None]).solution[:, 0].reshape(d, d).cpu().numpy()
+
+
+def preconditioned_gd_best_step(Sigma, n: int, sigma2: float, debiased: bool = True) -> float:
+    """The best step of the identity preconditioner (plain, unpreconditioned (debiased) GD) for
+    x ~ N(0, Sigma): eta = kappa tr(Sigma^2) / tr(Sigma Q), the minimiser of
+    :func:`preconditioned_gd_risk` at Gamma = eta I."""
+    S = _sigma(Sigma)
+    kappa, Q = _pgd_moments(S, n, sigma2, debiased)
+    return float(kappa * np.trace(S @ S) / np.trace(S @ Q))

@@ -98,13 +98,17 @@ def chapters() -> list[Chapter]:
 
 
 def find_chapter(spec: str | int) -> Chapter:
-    """A chapter by number (``2``, ``"02"``) or by name (``"kernel"``, ``"02_kernel_regressor_view"``)."""
+    """A chapter by number (``2``, ``"02"``) or by name (``"kernel"``, ``"02_kernel_regressor_view"``):
+    the exact slug, else the one name that starts with it, else the one slug that contains it."""
     all_ = chapters()
     spec = str(spec).strip()
     if spec.isdigit():
         match = [c for c in all_ if c.number == int(spec)]
     else:
-        match = [c for c in all_ if c.slug == spec] or [c for c in all_ if spec.lower() in c.slug]
+        # the exact slug, else a name that starts with spec ("softmax": chapter 1, not the
+        # "beyond_softmax" of chapter 7), else any slug that contains it
+        match = ([c for c in all_ if c.slug == spec] or [c for c in all_ if c.slug[3:].startswith(spec.lower())]
+                 or [c for c in all_ if spec.lower() in c.slug])
     if len(match) != 1:
         names = ", ".join(f"{c.number} ({c.slug})" for c in all_)
         why = "matches no chapter" if not match else "is ambiguous"

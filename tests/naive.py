@@ -20,6 +20,14 @@ import math
 import torch
 from torch import nn
 
+# phi of every activation of iclnb.circuits.ACTIVATIONS, written out independently
+NAIVE_PHI = {
+    "softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu, "exp": torch.exp,
+    **{f"shifted_relu({a:g})": (lambda a: lambda s: torch.maximum(s + a, torch.zeros_like(s)))(a) for a in (0.8, 1.0)},
+    **{f"shifted_square({a:g})": (lambda a: lambda s: (s + a) * (s + a))(a) for a in (0.8, 1.0)},
+    **{f"scaled_softplus({a:g})": (lambda a: lambda s: torch.log1p(torch.exp(a * s)) / a)(a) for a in (0.8, 1.0)},
+}
+
 
 class NaiveAttention(nn.Module):
     def __init__(self, D, H, outputs=1, kind="softmax", phi=None, n_train=None, query_only=False, weights=None,

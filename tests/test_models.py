@@ -5,14 +5,12 @@ import math
 
 import pytest
 import torch
-from naive import KERNEL_CASES, NaiveAttention
-from torch import nn
+from naive import KERNEL_CASES, NAIVE_PHI, NaiveAttention
 
 import iclnb.train  # noqa: F401  (imports every module that registers a model: MODELS is complete)
 from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
-NAIVE_PHI = {"softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu}
 # attention model name -> [(model kwargs, naive kwargs)]; a new model must add its case here, or
 # to another reference's cases (KERNEL_CASES: tests/test_lipschitz.py against NaiveKernel)
 CASES = {
