@@ -239,10 +239,24 @@ class _Attention(Ensemble):
             yh = torch.einsum("bmd,mtd->bmt", G1, OV) * norm
         return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
 
+    def _blocks(self, t):
+        """(W_Q, W_K, W_V, W_O) views of ``t`` (``flat`` or its gradient) outside autograd, made
+        once per buffer (the step would otherwise spend ~15 view ops a call re-making them)."""
+        if torch.is_grad_enabled():
+            return tuple(self.params(t).values())
+        cache = self.__dict__.setdefault("_block_cache", {})
+        hit = cache.get(id(t))
+        if hit is None or hit[0] is not t or hit[1] != (t.data_ptr(), t.dtype, t.device):
+            if len(cache) > 4:
+                cache.clear()
+            with torch.no_grad():
+                hit = cache[id(t)] = (t, (t.data_ptr(), t.dtype, t.device), tuple(self.params(t).values()))
+        return hit[2]
+
     def _projections(self, xq):
         """U (B,Ht(1+T),D): every head's u = KQ z_q (times ``score_unit``), then its T rows of OV^T,
         for each prompt (one product), and OV (Ht,T,D)."""
-        WQ, WK, WV, WO = self.weights
+        WQ, WK, WV, WO = self._blocks(self.flat)
         B, Ht, D, d, T = xq.shape[0], self.Ht, self.D, self.d, self.T
         KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
         OV = torch.bmm(WO, WV)  # (Ht,T,D)
@@ -325,8 +339,8 @@ class _Attention(Ensemble):
 
     def _chain(self, dOV, dKQx):
         """Chain dL/dP (P = W_O W_V, (Ht,T,D)) and dL/dKQx (Ht,D,d) into the weights' gradients."""
-        gQ, gK, gV, gO = self.params(self.flat.grad).values()
-        WQ, WK, WV, WO = self.weights
+        gQ, gK, gV, gO = self._blocks(self.flat.grad)
+        WQ, WK, WV, WO = self._blocks(self.flat)
         d = self.d
         torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
         gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
