@@ -14,7 +14,8 @@ H in {1, 2, 3, 4, 8}. Implementations:
   the query row attends: q from z_q, keys/values from the context), torch.optim.Adam.
 * engine: ``iclnb.train.train`` with one model per H, and the ensemble of all five head counts
   in one program (logging every 100 steps included); also five H=8 members, which is what the
-  ensemble would cost if members were padded to the largest head count. On a GPU the engine
+  ensemble would cost if members were padded to the largest head count, and chapter 2's
+  ensemble (every head count, three initialisations: 15 members, 54 heads). On a GPU the engine
   trains in CUDA-graph blocks, and a further table gives steps/s against the number of
   two-head members (``--sizes``), with graphs and eagerly.
 
@@ -31,6 +32,10 @@ Timing: steps/s per implementation, best of several rounds of about a second; th
 interleave the implementations so that load from other processes hits all of them alike.
 "Ensemble / naive" compares 500k steps of all five models: one ensemble run against the five
 naive runs one after the other.
+
+Arithmetic: each engine row's time per step against ``step_flops`` (the step's products and
+elementwise passes) at the float32 GEMM rate of one core, measured in the same run on a 256^3
+product: how far the step is above its arithmetic. ``profile_step.py`` gives the per-op table.
 """
 
 from __future__ import annotations

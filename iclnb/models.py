@@ -245,13 +245,14 @@ class _Attention(Ensemble):
         if torch.is_grad_enabled():
             return tuple(self.params(t).values())
         cache = self.__dict__.setdefault("_block_cache", {})
-        hit = cache.get(id(t))
-        if hit is None or hit[0] is not t or hit[1] != (t.data_ptr(), t.dtype, t.device):
+        views = cache.get(id(t))
+        # still views of t's current storage (not of a buffer since replaced, nor copies)
+        if views is None or views[0]._base is not t or views[0].data_ptr() != t.data_ptr():
             if len(cache) > 4:
                 cache.clear()
             with torch.no_grad():
-                hit = cache[id(t)] = (t, (t.data_ptr(), t.dtype, t.device), tuple(self.params(t).values()))
-        return hit[2]
+                views = cache[id(t)] = tuple(self.params(t).values())
+        return views
 
     def _projections(self, xq):
         """U (B,Ht(1+T),D): every head's u = KQ z_q (times ``score_unit``), then its T rows of OV^T,
