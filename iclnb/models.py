@@ -357,9 +357,10 @@ class _Attention(Ensemble):
 
     def _softmax_grads(self, Z, xq, yq, loss_out):
         """Loss, dL/dP and dL/dKQx of softmax heads with one output, in few passes over (B,Ht,n):
-        the weights E_i and E_i v_i written side by side into one buffer W, and one product of W
-        with the tokens and a row of ones gives sum_i E_i z_i, sum_i E_i v_i z_i and both sums
-        (the normaliser and the head output). Small tensors are laid out (B, D, Ht) throughout.
+        the weights E_i and E_i v_i overwrite the scores and values they come from (one buffer
+        W), and one product of W with the tokens and a row of ones gives sum_i E_i z_i,
+        sum_i E_i v_i z_i and both sums (the normaliser and the head output). Small tensors are
+        laid out (B, D, Ht) throughout.
 
         On the CPU the weights are exp2 of the raw scores (no pass for the row maximum) unless
         a sum falls outside ``_RAW_RANGE`` (then E is recomputed shifted by the row maximum,
@@ -371,17 +372,15 @@ class _Attention(Ensemble):
         Z1[..., :D] = Z
         Z1[..., D] = 1.0
         Z1t = Z1.transpose(1, 2)
-        SV = torch.bmm(U, Z1t[:, :D])  # scores (log2 units) and values (B,2Ht,n)
-        S, V = SV[:, :Ht], SV[:, Ht:]
-        W = Z.new_empty(B, 2 * Ht, n)
-        E, EV = W[:, :Ht], W[:, Ht:]
         raw = Z.device.type == "cpu"
         for _ in range(2):
+            W = torch.bmm(U, Z1t[:, :D])  # scores (log2 units) and values (B,2Ht,n), then in place:
+            E, EV = W[:, :Ht], W[:, Ht:]  # the weights E and E v
             if raw:
-                torch.exp2(S, out=E)
+                E.exp2_()
             else:
-                torch.sub(S, S.amax(-1, keepdim=True), out=E).exp2_()
-            torch.mul(E, V, out=EV)
+                E.sub_(E.amax(-1, keepdim=True)).exp2_()
+            EV.mul_(E)
             G = torch.bmm(Z1t, W.transpose(1, 2))  # (B,D+1,2Ht)
             total = G[:, D, :Ht]  # sum_i E_i
             if not raw:
