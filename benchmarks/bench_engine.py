@@ -244,7 +244,8 @@ def main():
         rate = gemm_rate()
         print(f"\nStep time against its arithmetic (`step_flops`) at this core's float32 GEMM rate "
               f"({rate / 1e9:.0f} GFLOP/s, a 256^3 product):\n")
-        print("| engine | steps/s | ms per step | MFLOP per step | arithmetic at the GEMM rate, ms | step / arithmetic |")
+        print("| engine | steps/s | ms per step | MFLOP per step | arithmetic at the GEMM rate, ms "
+              "| step / arithmetic |")
         print("|---|---:|---:|---:|---:|---:|")
         rows = [(f"H={H}", (H,), r[f"engine H={H}"]) for H in HEADS]
         rows += [("ensemble of all five", HEADS, r["ensemble"]),
