@@ -14,7 +14,8 @@ H in {1, 2, 3, 4, 8}. Implementations:
   the query row attends: q from z_q, keys/values from the context), torch.optim.Adam.
 * engine: ``iclnb.train.train`` with one model per H, and the ensemble of all five head counts
   in one program (logging every 100 steps included); also five H=8 members, which is what the
-  ensemble would cost if members were padded to the largest head count. On a GPU the engine
+  ensemble would cost if members were padded to the largest head count, and chapter 2's
+  ensemble (every head count, three initialisations: 15 members, 54 heads). On a GPU the engine
   trains in CUDA-graph blocks, and a further table gives steps/s against the number of
   two-head members (``--sizes``), with graphs and eagerly.
 
@@ -31,6 +32,10 @@ Timing: steps/s per implementation, best of several rounds of about a second; th
 interleave the implementations so that load from other processes hits all of them alike.
 "Ensemble / naive" compares 500k steps of all five models: one ensemble run against the five
 naive runs one after the other.
+
+Arithmetic: each engine row's time per step against ``step_flops`` (the step's products and
+elementwise passes) at the float32 GEMM rate of one core, measured in the same run on a 256^3
+product: how far the step is above its arithmetic. ``profile_step.py`` gives the per-op table.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from naive import NaiveAttention, NaiveKernel  # noqa: E402  (the tests' naive references: one copy)
 
 D_, N_, B_, SIGMA2, LR, HEADS = 5, 40, 256, 0.1, 1e-3, (1, 2, 3, 4, 8)
+CH2_HEADS = HEADS * 3  # chapter 2's ensemble: every head count, three initialisations (54 heads)
 # chapter 4's grid: 3 classes x 6 Lipschitz constants, at the chapter's setting
 LIP_D, LIP_N, LIP_B, LIP_SIGMA, LIP_LR = 3, 64, 128, 0.35, 0.02
 LIP_GRID = tuple({"function": f, "L": L} for f in ("affine", "relu", "cosine")
@@ -104,6 +110,28 @@ def ensemble_sizes(device, sizes, seconds, rounds):
     for K in sizes:
         g, e = r[f"graphs {K}"], r[f"eager {K}"]
         print(f"| {K} | {g:.0f} | {e:.0f} | {g / e:.1f}x |")
+
+
+def step_flops(heads, B=B_, n=N_, d=D_):
+    """Floating-point operations of one engine step of softmax heads (one output, D = d + 1): the
+    products (scores and values of all Ht heads against the n tokens, the token sums of the
+    weights and of weights times values, with a row of ones; u = KQ x_q and OV; dL/dKQx), the
+    elementwise passes over (B, Ht, n) (exp2, the product with the values: one each) and the
+    labels of the prompts. Small per-head products and Adam (a few thousand numbers) are left out."""
+    Ht, D = sum(heads), d + 1
+    products = 2 * B * 2 * Ht * D * n + 2 * B * (D + 1) * n * 2 * Ht + 2 * B * d * 2 * Ht * D + 2 * B * d * D * Ht
+    return products + 2 * B * Ht * n + 2 * B * (n + 1) * d
+
+
+def gemm_rate(size=256, seconds=0.3):
+    """FLOP/s of one core (the thread setting in force) on a plain float32 product size^3."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        count += 1
+    return count * 2 * size**3 / (time.perf_counter() - t0)
 
 
 def lipschitz_naive_runner(device):
@@ -201,6 +229,7 @@ def main():
         runners[f"engine H={H}"] = engine_runner((H,), device)
     runners["ensemble"] = engine_runner(HEADS, device)
     runners["padded"] = engine_runner((8,) * len(HEADS), device)  # what padding to Hmax would cost
+    runners["chapter 2"] = engine_runner(CH2_HEADS, device)
     runners["lipschitz naive"] = lipschitz_naive_runner(device)
     runners["lipschitz ensemble"] = lipschitz_engine_runner(device)
 
@@ -223,6 +252,19 @@ def main():
         print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
         print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
               f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")
+        rate = gemm_rate()
+        print(f"\nStep time against its arithmetic (`step_flops`) at this core's float32 GEMM rate "
+              f"({rate / 1e9:.0f} GFLOP/s, a 256^3 product):\n")
+        print("| engine | steps/s | ms per step | MFLOP per step | arithmetic at the GEMM rate, ms "
+              "| step / arithmetic |")
+        print("|---|---:|---:|---:|---:|---:|")
+        rows = [(f"H={H}", (H,), r[f"engine H={H}"]) for H in HEADS]
+        rows += [("ensemble of all five", HEADS, r["ensemble"]),
+                 (f"chapter 2 ({len(CH2_HEADS)} members, {sum(CH2_HEADS)} heads)", CH2_HEADS, r["chapter 2"])]
+        for label, heads, sps in rows:
+            f = step_flops(heads)
+            print(f"| {label} | {sps:.0f} | {1e3 / sps:.2f} | {f / 1e6:.1f} | {1e3 * f / rate:.2f} | "
+                  f"{rate / (f * sps):.1f}x |")
         ln, le = r["lipschitz naive"], r["lipschitz ensemble"]
         print(f"\nChapter 4 grid, {len(LIP_GRID)} kernel units (3 classes x 6 L; d={LIP_D}, n={LIP_N}, "
               f"batch={LIP_B}), grid steps/s:\n")

@@ -166,6 +166,13 @@ class Ensemble(nn.Module):
         return loss.detach()
 
 
+def _token_sum(A, Zt):
+    """sum_i A_i z_i (B,M,D) for weights A (B,M,n) and tokens Zt = Z^T (B,D,n), as the transposed
+    product Z^T A^T (a view): on the CPU (MKL) this orientation runs several times faster than
+    A @ Z for these shapes (a handful of output columns), the same numbers up to float rounding."""
+    return torch.bmm(Zt, A.transpose(1, 2)).transpose(1, 2)
+
+
 class _Attention(Ensemble):
     """One-layer multi-head attention read at the query, computed in folded form.
 
@@ -239,7 +246,36 @@ class _Attention(Ensemble):
         """Head outputs yh (B,Ht,T) from Zt = Z^T (B,D,n) and xq (B,d), plus what the backward
         reads. One product gives every head's u = KQ z_q (times ``score_unit``) and OV, one
         batched product their scores S (B,Ht,n) and values V (B,Ht,T,n) against all n tokens."""
-        WQ, WK, WV, WO = self.weights
+        B, Ht, T = xq.shape[0], self.Ht, self.T
+        U, OV = self._projections(xq)
+        SV = torch.bmm(U, Zt)
+        A1, dphi, norm = self._kernel(SV[:, :Ht])
+        G1 = _token_sum(A1, Zt)  # (B,Ht,D): sum_i A1_i z_i
+        if T == 1:  # OV^T sum_i A1_i z_i = sum_i A1_i v_i
+            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,Ht,1)
+        else:
+            yh = torch.einsum("bmd,mtd->bmt", G1, OV) * norm
+        return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
+
+    def _blocks(self, t):
+        """(W_Q, W_K, W_V, W_O) views of ``t`` (``flat`` or its gradient) outside autograd, made
+        once per buffer (the step would otherwise spend ~15 view ops a call re-making them)."""
+        if torch.is_grad_enabled():
+            return tuple(self.params(t).values())
+        cache = self.__dict__.setdefault("_block_cache", {})
+        views = cache.get(id(t))
+        # still views of t's current storage (not of a buffer since replaced, nor copies)
+        if views is None or views[0]._base is not t or views[0].data_ptr() != t.data_ptr():
+            if len(cache) > 4:
+                cache.clear()
+            with torch.no_grad():
+                views = cache[id(t)] = tuple(self.params(t).values())
+        return views
+
+    def _projections(self, xq):
+        """U (B,Ht(1+T),D): every head's u = KQ z_q (times ``score_unit``), then its T rows of OV^T,
+        for each prompt (one product), and OV (Ht,T,D)."""
+        WQ, WK, WV, WO = self._blocks(self.flat)
         B, Ht, D, d, T = xq.shape[0], self.Ht, self.D, self.d, self.T
         KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
         OV = torch.bmm(WO, WV)  # (Ht,T,D)
@@ -247,16 +283,7 @@ class _Attention(Ensemble):
         A[:d, :Ht] = KQx.permute(2, 0, 1)
         A[d, Ht:] = OV.reshape(Ht * T, D)
         A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
-        SV = torch.bmm(torch.addmm(A[d : d + 1], xq, A[:d]).view(B, Ht * (1 + T), D), Zt)
-        A1, dphi, norm = self._kernel(SV[:, :Ht])
-        # (B,Ht,D): sum_i A1_i z_i. Products with Z = Zt^T in this orientation (both operands
-        # contiguous) run several times faster on CPU than Zt @ A1^T, the same numbers transposed.
-        G1 = torch.bmm(A1, Zt.transpose(1, 2))
-        if T == 1:  # OV^T sum_i A1_i z_i = sum_i A1_i v_i
-            yh = (G1 * OV[:, 0]).sum(2, keepdim=True) * norm  # (B,Ht,1)
-        else:
-            yh = torch.einsum("bmd,mtd->bmt", G1, OV) * norm
-        return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
+        return torch.addmm(A[d : d + 1], xq, A[:d]).view(B, Ht * (1 + T), D), OV
 
     def _predict_members(self, Z, xq):
         """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
@@ -288,9 +315,11 @@ class _Attention(Ensemble):
             return super().loss_and_grad(Z, xq, yq, loss_out)
         if self.flat.grad is None:
             self.flat.grad = torch.zeros_like(self.flat)
-        gQ, gK, gV, gO = self.params(self.flat.grad).values()
-        WQ, WK, WV, WO = self.weights
         B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
+        if T == 1 and self.exp_kernel:
+            loss, dOV, dKQx = self._softmax_grads(Z, xq, yq, loss_out)
+            self._chain(dOV, dKQx)
+            return loss
         Zt = Z.transpose(1, 2)
         yh, (V, A1, dphi, G1, norm) = self._heads(Zt, xq)
         # gn = dL/dyh per head, up to the factor 2/(B T) (applied on the small tensors at the end),
@@ -303,11 +332,10 @@ class _Attention(Ensemble):
             loss = torch.mean(err.square(), 0, out=loss_out)
             gn = self._spread(err).unsqueeze(-1) * norm  # (B,Ht,1)
             A2 = V[:, :, 0] if dphi is None else V[:, :, 0] * dphi
-            Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,Ht,D)
+            G2 = _token_sum(A2, Zt)  # (B,Ht,D)
             if self.centred:
-                G2 -= (G1 if self.exp_kernel else torch.bmm(dphi, Z)) * yh
-            G2.mul_(gn)  # dL/du up to the constant factor
+                G2 = G2 - (G1 if self.exp_kernel else _token_sum(dphi, Zt)) * yh
+            G2 = G2.mul_(gn)  # dL/du up to the constant factor
         else:
             err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
             loss = err.square().mean((0, 2))
@@ -316,25 +344,83 @@ class _Attention(Ensemble):
             A2 = (gn.unsqueeze(-1) * V).sum(2)  # w_i (B,Ht,n)
             if dphi is not None:
                 A2 = A2.mul_(dphi)
-            Z = Zt.transpose(1, 2)
-            G2 = torch.bmm(A2, Z)  # (B,Ht,D): dL/du up to the constant factor
+            G2 = _token_sum(A2, Zt)  # (B,Ht,D): dL/du up to the constant factor
             if self.centred:
-                G3 = G1 if self.exp_kernel else torch.bmm(dphi, Z)
-                G2 -= G3 * (gn * yh).sum(2, keepdim=True)
+                G3 = G1 if self.exp_kernel else _token_sum(dphi, Zt)
+                G2 = G2 - G3 * (gn * yh).sum(2, keepdim=True)
         # dL/dP for P = W_O W_V = OV^T, (Ht,T,D)
         dOV = ((G1 * gn).sum(0).unsqueeze(1) if T == 1
                else torch.einsum("bmd,bmt->mtd", G1, gn)).mul_(2 / (B * T))
         # u = KQx x_q with KQx = W_K^T W_Q[:, :, :d] / sqrt(D): chain into W_Q and W_K
         dKQx = (xq.T @ G2.reshape(B, Ht * D)).view(d, Ht, D).permute(1, 2, 0).mul(2 / (B * T * math.sqrt(D)))
+        self._chain(dOV, dKQx)
+        return loss
+
+    def _chain(self, dOV, dKQx):
+        """Chain dL/dP (P = W_O W_V, (Ht,T,D)) and dL/dKQx (Ht,D,d) into the weights' gradients."""
+        gQ, gK, gV, gO = self._blocks(self.flat.grad)
+        WQ, WK, WV, WO = self._blocks(self.flat)
+        d = self.d
         torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
         gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
-        if T == 1:
+        if self.T == 1:
             torch.mul(WO.transpose(1, 2), dOV, out=gV)
             gO.copy_(torch.bmm(WV, dOV.transpose(1, 2)).transpose(1, 2))
         else:
             torch.bmm(WO.transpose(1, 2), dOV, out=gV)
             torch.bmm(dOV, WV.transpose(1, 2), out=gO)
-        return loss
+
+    # below 2^-90 or above 2^90 a sum of raw exp2 weights is redone with the row maximum subtracted
+    _RAW_RANGE = (2.0**-90, 2.0**90)
+    # the raw-exp2 path's range check reads two numbers on the host: harmless on the CPU, never
+    # used on CUDA (a graph cannot capture it); False takes the shifted path everywhere
+    raw_exp2 = True
+
+    def _softmax_grads(self, Z, xq, yq, loss_out):
+        """Loss, dL/dP and dL/dKQx of softmax heads with one output, in few passes over (B,Ht,n):
+        the weights E_i and E_i v_i overwrite the scores and values they come from (one buffer
+        W), and one product of W with the tokens and a row of ones gives sum_i E_i z_i,
+        sum_i E_i v_i z_i and both sums (the normaliser and the head output). Small tensors are
+        laid out (B, D, Ht) throughout.
+
+        On the CPU the weights are exp2 of the raw scores (no pass for the row maximum) unless
+        a sum falls outside ``_RAW_RANGE`` (then E is recomputed shifted by the row maximum,
+        as on other devices, where the check would cost a synchronisation)."""
+        B, n, D = Z.shape
+        Ht, d = self.Ht, self.d
+        U, _ = self._projections(xq)  # (B,2Ht,D): [u_h; OV_h]
+        Z1 = Z.new_empty(B, n, D + 1)  # tokens and a 1
+        Z1[..., :D] = Z
+        Z1[..., D].fill_(1.0)
+        Z1t = Z1.transpose(1, 2)
+        raw = self.raw_exp2 and Z.device.type == "cpu"
+        for _ in range(2):
+            W = torch.bmm(U, Z1t[:, :D])  # scores (log2 units) and values (B,2Ht,n), then in place:
+            E, EV = W[:, :Ht], W[:, Ht:]  # the weights E and E v
+            if raw:
+                E.exp2_()
+            else:
+                E.sub_(E.amax(-1, keepdim=True)).exp2_()
+            EV.mul_(E)
+            G = torch.bmm(Z1t, W.transpose(1, 2))  # (B,D+1,2Ht)
+            total = G[:, D, :Ht]  # sum_i E_i
+            if not raw:
+                break
+            lo, hi = torch.aminmax(total)
+            if self._RAW_RANGE[0] <= float(lo) and float(hi) <= self._RAW_RANGE[1]:
+                break
+            raw = False
+        G1, G2 = G[:, :D, :Ht], G[:, :D, Ht:]  # (B,D,Ht): sum_i E_i z_i, sum_i E_i v_i z_i
+        norm = total.reciprocal()  # (B,Ht)
+        yh = G[:, D, Ht:] * norm  # head outputs
+        err = self._sum_heads(yh) - yq.view(B, 1)  # (B,K)
+        loss = torch.mean(err.square(), 0, out=loss_out)
+        gn = self._spread(err).mul_(norm).unsqueeze(1)  # (B,1,Ht): dL/dyh (up to 2/B) times norm
+        # dL/du up to 2/B: sum_i p_i (v_i - yh) z_i gn = (G2 - yh G1) gn
+        gU = torch.addcmul(G2, G1, yh.unsqueeze(1), value=-1).mul_(gn)  # (B,D,Ht)
+        dOV = (G1 * gn).sum(0).T.unsqueeze(1).mul_(2 / B)  # (Ht,1,D)
+        dKQx = (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0).mul_(2 / (B * math.sqrt(D)))
+        return loss, dOV, dKQx
 
 
 @register

@@ -76,6 +76,23 @@ def test_shared_prompts_outputs_and_gradients(name, mk, nk, T):
     assert m.params(m.flat.grad)["WQ"][:, :, -T:].abs().max() == 0  # the query's label slots are 0
 
 
+@pytest.mark.parametrize("scale,dtype", [(3.0, torch.float32), (40.0, torch.float32), (40.0, F64)])
+def test_softmax_raw_weights_and_their_fallback(scale, dtype):
+    """The softmax step takes exp2 of the raw scores on the CPU and redoes a batch with the row
+    maximum subtracted when a sum of weights leaves its safe range (scale 40: scores of hundreds):
+    both equal autograd through the forward, which always subtracts the maximum."""
+    m = _model("softmax", {}, scale=scale).to(dtype)
+    Z, xq, yq = (t.to(dtype) for t in _prompts((7,)))
+    S = torch.einsum("bnd,hde,be->bhn", Z, m.circuits()[0][:, :, :3], xq) * math.log2(math.e)
+    assert (S.abs().amax() > 200) == (scale > 10)  # the large scale leaves the raw range
+    m.member_losses(m.predict(Z, xq), yq).sum().backward()
+    autograd = m.flat.grad.clone()
+    m.flat.grad = None
+    m.loss_and_grad(Z, xq, yq)
+    tol = 1e-9 if dtype == F64 else 2e-4
+    torch.testing.assert_close(m.flat.grad, autograd, rtol=tol, atol=tol * autograd.abs().max().item())
+
+
 @pytest.mark.parametrize("name,mk,nk", ALL, ids=IDS)
 def test_per_member_prompts(name, mk, nk):
     """Members drawing their own prompts (a leading member axis): each is the naive model on its own."""

@@ -56,6 +56,22 @@ def test_matches_autograd_and_torch_adam(captured):
     torch.testing.assert_close(logs["loss"][:-1], logged, rtol=0, atol=1e-12)
 
 
+def test_lean_adam_is_torch_fused_adam():
+    """The CPU's lean Adam step makes the same numbers as torch's fused Adam, bit for bit."""
+    from iclnb.train import LeanAdam
+
+    params, gen = [], torch.Generator().manual_seed(0)
+    for cls in (torch.optim.Adam, LeanAdam):
+        p = torch.nn.Parameter(torch.ones(50))
+        opt = cls([p], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, fused=True)
+        gen.manual_seed(0)
+        for _ in range(30):
+            p.grad = torch.randn(50, generator=gen)
+            opt.step()
+        params.append((p.detach(), opt.state[p]["step"]))
+    assert torch.equal(params[0][0], params[1][0]) and params[0][1] == params[1][1] == 30
+
+
 def test_loss_decreases():
     run = train(TrainConfig(heads=2, **{**TINY, "d": 2, "batch": 64, "steps": 300, "log_every": 100}), cache=False)
     assert run.history.loss[0, -1] < 0.8 * run.history.loss[0, 0]
