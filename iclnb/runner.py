@@ -326,8 +326,11 @@ def _training_words(runs: list[dict]) -> str:
     graphs = [x for x in runs if x.get("training") == "cuda graphs"]
     cached = sum(bool(x.get("from_cache")) for x in runs)
     devices = ", ".join(f"`{d}`" for d in sorted({x.get("device", "?") for x in runs}))
-    text = (f"Training: {len(runs)} run(s) on {devices}, {len(graphs)} in CUDA graphs and "
-            f"{len(runs) - len(graphs)} eagerly")
+    if all(str(x.get("device", "")).startswith("cpu") for x in runs):  # no CUDA graphs on a CPU
+        text = f"Training: {len(runs)} run(s) on {devices}, eagerly (CUDA graphs exist on GPUs only)"
+    else:
+        text = (f"Training: {len(runs)} run(s) on {devices}, {len(graphs)} in CUDA graphs and "
+                f"{len(runs) - len(graphs)} eagerly")
     notes = sorted({x["training_note"] for x in runs if x.get("training_note")})
     if notes:
         text += " (" + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else "") + ")"

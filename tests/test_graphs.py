@@ -209,3 +209,7 @@ def test_the_reproducibility_page_says_how_runs_trained():
     words = runner._training_words(runs)
     assert words.startswith("Training: 2 run(s) on `cuda:0`, 1 in CUDA graphs and 1 eagerly (150 steps: fewer")
     assert "capture 0.2 s in all" in words and "1 loaded from the run cache" in words
+    cpu = [{"run": "softmax heads=[1]", "device": "cpu", "from_cache": False, "training": "eager",
+            "training_note": "", "replayed_steps": 0, "capture_seconds": 0.0}]
+    assert runner._training_words(cpu) == ("Training: 1 run(s) on `cpu`, eagerly (CUDA graphs exist on "
+                                           "GPUs only).")
