@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from iclnb.train import TrainConfig, _Blocks, build_model, prompt_stream
+from iclnb.train import TrainConfig, _Blocks, build_model, make_optimizer, prompt_stream
 from iclnb.util import keep_freed_memory, resolve_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import measure  # noqa: E402  (one timing loop for the benchmarks)
 
 D_, N_, B_ = 5, 40, 256
 
@@ -36,7 +40,7 @@ def step_runner(heads, device, batch=B_):
     cfg = TrainConfig(heads=heads, d=D_, n=N_, batch=batch, steps=1, device=str(device))
     model = build_model(cfg)
     dev, dt = model.flat.device, model.flat.dtype
-    opt = torch.optim.Adam([model.flat], lr=cfg.lr, fused=True, capturable=dev.type == "cuda")
+    opt = make_optimizer(cfg, model)  # as training makes it
     blocks = _Blocks(model, opt, prompt_stream(cfg, dev, dt)[0], 1)
 
     def run(steps):
@@ -65,30 +69,6 @@ def selector_runners(model, batch=B_):
     return dense, index
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def best_seconds(runners, device, seconds, rounds):
-    """Best seconds per call of every runner over interleaved rounds of about ``seconds``."""
-    counts, best = {}, {name: float("inf") for name in runners}
-    for name, run in runners.items():
-        run(1)
-        _sync(device)
-        t0 = time.perf_counter()
-        run(2)
-        _sync(device)
-        counts[name] = max(2, int(2 * seconds / max(time.perf_counter() - t0, 1e-9)))
-    for _ in range(rounds):
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            run(counts[name])
-            _sync(device)
-            best[name] = min(best[name], (time.perf_counter() - t0) / counts[name])
-    return best
-
-
 def table(rows, device, seconds, rounds, title):
     """One row per ensemble in ``rows`` (label, heads)."""
     runners, shapes = {}, {}
@@ -97,7 +77,7 @@ def table(rows, device, seconds, rounds, title):
         dense, index = selector_runners(model)
         runners |= {("step", label): step, ("dense", label): dense, ("index", label): index}
         shapes[label] = (model.K, model.Ht)
-    t = best_seconds(runners, device, seconds, rounds)
+    t = {name: 1 / rate for name, rate in measure(runners, seconds, rounds).items()}  # s per step
     first = rows[0][0]
     per_head0 = t[("step", first)] / shapes[first][1]
     print(f"\n### {title}\n")

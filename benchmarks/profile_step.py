@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from iclnb.train import LeanAdam, TrainConfig, build_model, prompt_stream
+from iclnb.train import TrainConfig, build_model, make_optimizer, prompt_stream
 from iclnb.util import keep_freed_memory
 
 LIBRARY = str(Path(__file__).resolve().parents[1] / "iclnb")
@@ -59,7 +59,7 @@ def main():
     cfg = TrainConfig(heads=tuple(args.heads), steps=args.steps, task_params={"sigma2": 0.1}, device="cpu")
     model = build_model(cfg)
     batch, _ = prompt_stream(cfg, model.flat.device, model.flat.dtype)
-    opt = LeanAdam([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    opt = make_optimizer(cfg, model)  # as training makes it (LeanAdam on the CPU)
     loss = torch.empty(model.K)
 
     def step():

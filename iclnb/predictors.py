@@ -630,12 +630,18 @@ def preconditioned_gd_risk(Gamma, Sigma, n: int, sigma2: float, debiased: bool =
     return float(sigma2 + (np.trace(S) - 2 * kappa * np.trace(G.T @ S @ S) + np.trace(G @ S @ G.T @ Q)) / d)
 
 
+def _context_sum(X: torch.Tensor, y: torch.Tensor, debiased: bool) -> torch.Tensor:
+    """h (B, d) = (1/n) sum_i y_i (x_i - x_bar) (``debiased``; x_i without it)."""
+    Xc = X - X.mean(dim=-2, keepdim=True) if debiased else X
+    return torch.einsum("bn,bnd->bd", y, Xc) / X.shape[-2]
+
+
 def preconditioned_gd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, Gamma,
                               debiased: bool = True) -> torch.Tensor:
-    """(1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q (``debiased``; x_i without it), Gamma (d, d)."""
+    """h^T Gamma x_q with h = (1/n) sum_i y_i (x_i - x_bar) (``debiased``; x_i without it), Gamma
+    (d, d), one output (the diagonal, multi-output form of chapter 6: :func:`preconditioned_dgd_predict`)."""
     G = torch.as_tensor(np.asarray(Gamma, dtype=np.float64), dtype=X.dtype, device=X.device)
-    Xc = X - X.mean(dim=-2, keepdim=True) if debiased else X
-    return torch.einsum("bn,bnd,de,be->b", y, Xc, G, xq) / X.shape[-2]
+    return torch.einsum("bd,de,be->b", _context_sum(X, y, debiased), G, xq)
 
 
 def fit_matrix_preconditioner(prompts, debiased: bool = True) -> np.ndarray:
@@ -643,8 +649,7 @@ def fit_matrix_preconditioner(prompts, debiased: bool = True) -> np.ndarray:
     d^2 features h_j x_qk of :func:`preconditioned_gd_predict` over ``prompts`` (the risk is
     quadratic in Gamma, so this converges to :func:`optimal_preconditioner`)."""
     X, y, xq, yq = (t.double() for t in (prompts.X, prompts.y, prompts.xq, prompts.yq))
-    Xc = X - X.mean(dim=-2, keepdim=True) if debiased else X
-    h = torch.einsum("bn,bnd->bd", y, Xc) / X.shape[-2]
+    h = _context_sum(X, y, debiased)
     F = (h[:, :, None] * xq[:, None, :]).reshape(len(yq), -1)
     d = X.shape[-1]
     return torch.linalg.lstsq(F, yq[:, None]).solution[:, 0].reshape(d, d).cpu().numpy()

@@ -255,6 +255,17 @@ class LeanAdam(torch.optim.Adam):
         return None
 
 
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` over ``model.flat``, as training uses it: plain gradient descent
+    (``optimizer="sgd"``: stateless, so a CUDA graph captures it as it is), or fused Adam,
+    capturable on CUDA and :class:`LeanAdam` on the CPU (the same numbers)."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD([model.flat], lr=cfg.lr)
+    cuda = model.flat.device.type == "cuda"
+    return (torch.optim.Adam if cuda else LeanAdam)([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                                    fused=True, capturable=cuda)
+
+
 class _Blocks:
     """Training in blocks of ``log_every`` steps: the unit a CUDA graph captures.
 
@@ -365,10 +376,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
     side = torch.cuda.Stream(device=dev) if cuda and use_graphs else None  # warm-up and capture stream
     capture = capture or functools.partial(cuda_graph_capture, stream=side)
     batch, gens = prompt_stream(cfg, dev, dt)
-    opt = (torch.optim.Adam if cuda else LeanAdam)([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                                                 fused=True, capturable=cuda)
-    if cfg.optimizer == "sgd":  # plain gradient descent: stateless, so a CUDA graph captures it as it is
-        opt = torch.optim.SGD([model.flat], lr=cfg.lr)
+    opt = make_optimizer(cfg, model)
     blocks = _Blocks(model, opt, batch, every)
 
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
