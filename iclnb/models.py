@@ -127,12 +127,16 @@ class Ensemble(nn.Module):
         dense one-hot product it replaced costs O(B Ht K): 33x more at 1,000 two-head members on
         CPU, benchmarks/bench_scaling.py). On CUDA, where index_add_ adds with atomics in no fixed
         order, members of 3 or more heads keep the one-hot product so runs stay bit-reproducible."""
+        if self.Ht == self.K:  # one head per member
+            return x
         if x.device.type == "cuda" and max(self.heads) > 2:
             return (x.transpose(1, -1) @ self.sel).transpose(1, -1)
         return x.new_zeros(x.shape[0], self.K, *x.shape[2:]).index_add_(1, self.head_member, x)
 
     def _spread(self, x):
         """(B, K[, T]) -> (B, Ht[, T]): every member's value on each of its heads (a gather)."""
+        if self.Ht == self.K:
+            return x
         return x.index_select(1, self.head_member)
 
     def forward(self, X, y, xq):
@@ -258,10 +262,12 @@ class _Attention(Ensemble):
         return yh, (SV[:, Ht:].view(B, Ht, T, -1), A1, dphi, G1, norm)
 
     def _blocks(self, t):
-        """(W_Q, W_K, W_V, W_O) views of ``t`` (``flat`` or its gradient) outside autograd, made
-        once per buffer (the step would otherwise spend ~15 view ops a call re-making them)."""
+        """(W_Q, W_K, W_V, W_O, W_Q[:, :, :d], W_O^T) views of ``t`` (``flat`` or its gradient)
+        outside autograd, made once per buffer (the step would otherwise spend ~20 view ops a call
+        re-making them)."""
         if torch.is_grad_enabled():
-            return tuple(self.params(t).values())
+            WQ, WK, WV, WO = self.params(t).values()
+            return WQ, WK, WV, WO, WQ[:, :, : self.d], WO.transpose(1, 2)
         cache = self.__dict__.setdefault("_block_cache", {})
         views = cache.get(id(t))
         # still views of t's current storage (not of a buffer since replaced, nor copies)
@@ -269,21 +275,20 @@ class _Attention(Ensemble):
             if len(cache) > 4:
                 cache.clear()
             with torch.no_grad():
-                views = cache[id(t)] = tuple(self.params(t).values())
+                WQ, WK, WV, WO = self.params(t).values()
+                views = cache[id(t)] = (WQ, WK, WV, WO, WQ[:, :, : self.d], WO.transpose(1, 2))
         return views
 
     def _projections(self, xq):
         """U (B,Ht(1+T),D): every head's u = KQ z_q (times ``score_unit``), then its T rows of OV^T,
-        for each prompt (one product), and OV (Ht,T,D)."""
-        WQ, WK, WV, WO = self._blocks(self.flat)
+        for each prompt, and OV (Ht,T,D). The u rows are one product x_q KQx^T (KQx read
+        transposed, no copy), the OV rows the same for every prompt (a broadcast)."""
+        WQ, WK, WV, WO, WQd, _ = self._blocks(self.flat)
         B, Ht, D, d, T = xq.shape[0], self.Ht, self.D, self.d, self.T
-        KQx = torch.bmm(WK.transpose(1, 2), WQ[:, :, :d]).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
+        KQx = torch.bmm(WK.transpose(1, 2), WQd).mul_(self.score_unit / math.sqrt(D))  # (Ht,D,d)
         OV = torch.bmm(WO, WV)  # (Ht,T,D)
-        A = KQx.new_zeros(d + 1, Ht * (1 + T), D)  # [coordinate of [x_q; 1], slot, token coordinate]
-        A[:d, :Ht] = KQx.permute(2, 0, 1)
-        A[d, Ht:] = OV.reshape(Ht * T, D)
-        A = A.view(d + 1, -1)  # [x_q; 1] @ A: the constant 1 selects the OV slots
-        return torch.addmm(A[d : d + 1], xq, A[:d]).view(B, Ht * (1 + T), D), OV
+        u = torch.mm(xq, KQx.view(Ht * D, d).t()).view(B, Ht, D)
+        return torch.cat([u, OV.view(1, Ht * T, D).expand(B, Ht * T, D)], 1), OV
 
     def _predict_members(self, Z, xq):
         """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
@@ -358,16 +363,15 @@ class _Attention(Ensemble):
 
     def _chain(self, dOV, dKQx):
         """Chain dL/dP (P = W_O W_V, (Ht,T,D)) and dL/dKQx (Ht,D,d) into the weights' gradients."""
-        gQ, gK, gV, gO = self._blocks(self.flat.grad)
-        WQ, WK, WV, WO = self._blocks(self.flat)
-        d = self.d
-        torch.bmm(WQ[:, :, :d], dKQx.transpose(1, 2), out=gK)
-        gQ[:, :, :d] = torch.bmm(WK, dKQx)  # the last T columns of W_Q meet z_q's zeros: no gradient
+        gQ, gK, gV, gO, gQd, _ = self._blocks(self.flat.grad)
+        WQ, WK, WV, WO, WQd, WOt = self._blocks(self.flat)
+        torch.bmm(WQd, dKQx.transpose(1, 2), out=gK)
+        gQd.copy_(torch.bmm(WK, dKQx))  # the last T columns of W_Q meet z_q's zeros: no gradient
         if self.T == 1:
-            torch.mul(WO.transpose(1, 2), dOV, out=gV)
+            torch.mul(WOt, dOV, out=gV)
             gO.copy_(torch.bmm(WV, dOV.transpose(1, 2)).transpose(1, 2))
         else:
-            torch.bmm(WO.transpose(1, 2), dOV, out=gV)
+            torch.bmm(WOt, dOV, out=gV)
             torch.bmm(dOV, WV.transpose(1, 2), out=gO)
 
     # below 2^-90 or above 2^90 a sum of raw exp2 weights is redone with the row maximum subtracted
@@ -375,6 +379,26 @@ class _Attention(Ensemble):
     # the raw-exp2 path's range check reads two numbers on the host: harmless on the CPU, never
     # used on CUDA (a graph cannot capture it); False takes the shifted path everywhere
     raw_exp2 = True
+
+    def _step_buffers(self, Z):
+        """The softmax step's working buffers, reused while the batch shape stays: the tokens with
+        a column of ones Z1 (B,n,D+1), the scores and values W (B,2Ht,n) (then E and E v, in
+        place) and the token sums G (B,D+1,2Ht), with their views made once. Reuse saves the
+        allocations, the ones column's fill and ~15 view ops a step; on CUDA they are the static
+        buffers a captured graph reads and writes."""
+        B, n, D = Z.shape
+        Ht, key = self.Ht, (B, n, Z.device, Z.dtype)
+        buf = self.__dict__.get("_step_buf")
+        if buf is None or buf["key"] != key:
+            Z1 = Z.new_empty(B, n, D + 1)
+            Z1[..., D] = 1.0
+            W, G = Z.new_empty(B, 2 * Ht, n), Z.new_empty(B, D + 1, 2 * Ht)
+            Z1t = Z1.transpose(1, 2)
+            buf = self.__dict__["_step_buf"] = {
+                "key": key, "Z": Z1[..., :D], "Z1t": Z1t, "Zt": Z1t[:, :D], "W": W, "Wt": W.transpose(1, 2),
+                "E": W[:, :Ht], "EV": W[:, Ht:], "G": G, "G1": G[:, :D, :Ht], "G2": G[:, :D, Ht:],
+                "total": G[:, D, :Ht], "ysum": G[:, D, Ht:]}
+        return buf
 
     def _softmax_grads(self, Z, xq, yq, loss_out):
         """Loss, dL/dP and dL/dKQx of softmax heads with one output, in few passes over (B,Ht,n):
@@ -389,33 +413,31 @@ class _Attention(Ensemble):
         B, n, D = Z.shape
         Ht, d = self.Ht, self.d
         U, _ = self._projections(xq)  # (B,2Ht,D): [u_h; OV_h]
-        Z1 = Z.new_empty(B, n, D + 1)  # tokens and a 1
-        Z1[..., :D] = Z
-        Z1[..., D].fill_(1.0)
-        Z1t = Z1.transpose(1, 2)
+        buf = self._step_buffers(Z)
+        buf["Z"].copy_(Z)
+        W, E, EV, G, total = buf["W"], buf["E"], buf["EV"], buf["G"], buf["total"]
         raw = self.raw_exp2 and Z.device.type == "cpu"
-        for _ in range(2):
-            W = torch.bmm(U, Z1t[:, :D])  # scores (log2 units) and values (B,2Ht,n), then in place:
-            E, EV = W[:, :Ht], W[:, Ht:]  # the weights E and E v
-            if raw:
+        while True:
+            torch.bmm(U, buf["Zt"], out=W)  # scores (log2 units) and values (B,2Ht,n), then in place:
+            if raw:  # the weights E and E v
                 E.exp2_()
             else:
                 E.sub_(E.amax(-1, keepdim=True)).exp2_()
             EV.mul_(E)
-            G = torch.bmm(Z1t, W.transpose(1, 2))  # (B,D+1,2Ht)
-            total = G[:, D, :Ht]  # sum_i E_i
+            torch.bmm(buf["Z1t"], buf["Wt"], out=G)  # (B,D+1,2Ht); total: sum_i E_i
             if not raw:
                 break
             lo, hi = torch.aminmax(total)
             if self._RAW_RANGE[0] <= float(lo) and float(hi) <= self._RAW_RANGE[1]:
                 break
             raw = False
-        G1, G2 = G[:, :D, :Ht], G[:, :D, Ht:]  # (B,D,Ht): sum_i E_i z_i, sum_i E_i v_i z_i
+        G1, G2 = buf["G1"], buf["G2"]  # (B,D,Ht): sum_i E_i z_i, sum_i E_i v_i z_i
         norm = total.reciprocal()  # (B,Ht)
-        yh = G[:, D, Ht:] * norm  # head outputs
+        yh = buf["ysum"] * norm  # head outputs
         err = self._sum_heads(yh) - yq.view(B, 1)  # (B,K)
-        loss = torch.mean(err.square(), 0, out=loss_out)
-        gn = self._spread(err).mul_(norm).unsqueeze(1)  # (B,1,Ht): dL/dyh (up to 2/B) times norm
+        loss = err.square().mean(0)  # (mean with out= costs ~5 us more than mean and copy_)
+        loss = loss if loss_out is None else loss_out.copy_(loss)
+        gn = torch.mul(self._spread(err), norm).unsqueeze(1)  # (B,1,Ht): dL/dyh (up to 2/B) times norm
         # dL/du up to 2/B: sum_i p_i (v_i - yh) z_i gn = (G2 - yh G1) gn
         gU = torch.addcmul(G2, G1, yh.unsqueeze(1), value=-1).mul_(gn)  # (B,D,Ht)
         dOV = (G1 * gn).sum(0).T.unsqueeze(1).mul_(2 / B)  # (Ht,1,D)

@@ -203,16 +203,15 @@ class LinearRegression(Task):
         d, n, B = self.d, self.n, batch
         D = d + 1
         r = torch.randn(B * ((n + 1) * D + d), generator=generator, device=device, dtype=dtype)
-        Z = r[: B * n * D].view(B, n, D)
-        q = r[B * n * D : B * (n + 1) * D].view(B, 1, D)
-        g = r[B * (n + 1) * D :].view(B, d, 1)
+        Z, q, g = r.split([B * n * D, B * D, B * d])
+        Z, q, g = Z.view(B, n, D), q.view(B, 1, D), g.view(B, d, 1)
         if self.rho:
             chol_t = constant(("kms-cholesky-t", d, self.rho), device, dtype,
                               lambda: torch.linalg.cholesky(self.covariance).T)
             Z[..., :d] = Z[..., :d] @ chol_t
             q[..., :d] = q[..., :d] @ chol_t
         s, a = math.sqrt(self.sigma2), 1.0 / math.sqrt(d)
-        Z[..., d:] = torch.baddbmm(Z[..., d:], Z[..., :d], g, beta=s, alpha=a)
+        Z[..., d:].baddbmm_(Z[..., :d], g, beta=s, alpha=a)  # in place: half the time of out-of-place + copy
         yq = torch.baddbmm(q[..., d:], q[..., :d], g, beta=s, alpha=a).view(B)
         return Prompts(Z, q[:, 0, :d], yq, {"beta": g.view(B, d) * a})
 

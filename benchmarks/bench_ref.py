@@ -1,0 +1,140 @@
+"""The engine against an earlier commit of itself, in the same run: steps/s of ``train`` now and at ``--ref``.
+
+    python benchmarks/bench_ref.py                 # against e160d6c (about 2 minutes)
+    python benchmarks/bench_ref.py --ref HEAD~5    # any commit of this repository
+    python benchmarks/bench_ref.py --quick         # a smoke run
+
+The library at ``--ref`` is taken from git (``git archive REF iclnb``) into a temporary folder and
+imported there by a worker process; a second worker imports the working tree's. Both train the
+same configs (``iclnb.train.train`` at the benchmark setting: d=5, n=40, batch 256, sigma^2=0.1,
+one thread, no cache, logging every 100 steps included), and the parent lets them take turns,
+one at a time, round after round, so that whatever load the machine has hits both alike. The
+table gives each side's median steps/s over the rounds and the median of the per-round ratios
+(now / ref), which moves much less than the rates on a shared machine.
+
+The default reference, e160d6c, is the engine as it was when the CPU-speed work (issue 22)
+began: its targets are stated against that code ("chapter 2's 54-head ensemble at least 2x its
+current steps/s").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGMA2 = 0.1
+CONFIGS = {  # label -> heads of the members
+    "one model, H = 1": (1,),
+    "five-model ensemble (H = 1, 2, 3, 4, 8)": (1, 2, 3, 4, 8),
+    "chapter 2's ensemble (15 members, 54 heads)": (1, 2, 3, 4, 8) * 3,
+}
+
+
+def worker(root: str) -> None:
+    """Serve timing requests on stdin (one JSON line each: heads, steps) with the iclnb under ``root``."""
+    sys.path.insert(0, root)
+    import torch
+
+    import iclnb
+    from iclnb.train import TrainConfig, train
+    from iclnb.util import keep_freed_memory
+
+    assert Path(iclnb.__file__).resolve().is_relative_to(Path(root).resolve()), iclnb.__file__
+    torch.set_num_threads(1)
+    keep_freed_memory()
+    for line in sys.stdin:
+        req = json.loads(line)
+        cfg = TrainConfig(heads=tuple(req["heads"]), steps=req["steps"], task_params={"sigma2": SIGMA2},
+                          device="cpu")
+        t0 = time.perf_counter()
+        train(cfg, progress=False, cache=False)
+        print(json.dumps(time.perf_counter() - t0), flush=True)
+
+
+class Worker:
+    def __init__(self, root: Path):
+        env = dict(os.environ, ICLNB_THREADS="1", ICLNB_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=str(root))
+
+    def time(self, heads, steps) -> float:
+        self.proc.stdin.write(json.dumps({"heads": list(heads), "steps": steps}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker in {self.proc.args[-1]} exited (code {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def export(ref: str, into: Path) -> str:
+    """``iclnb/`` as of ``ref`` into ``into``; returns the commit's short hash and subject."""
+    try:
+        desc = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s", ref], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        blob = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "iclnb"], check=True, capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        err = getattr(e, "stderr", b"") or b""
+        sys.exit(f"bench_ref: cannot read commit {ref!r} from git ({(err.decode() if isinstance(err, bytes) else err).strip() or e}); "
+                 "a shallow clone lacks old commits: `git fetch --unshallow`, or pass --ref")
+    tar = into / "ref.tar"
+    tar.write_bytes(blob)
+    with tarfile.open(tar) as t:
+        t.extractall(into, filter="data")
+    return desc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ref", default="e160d6c", help="commit to compare against (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seconds", type=float, default=1.0, help="length of one timed call (on the ref)")
+    ap.add_argument("--quick", action="store_true", help="a short smoke run")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker)
+    rounds, seconds = (1, 0.2) if args.quick else (args.rounds, args.seconds)
+    with tempfile.TemporaryDirectory() as tmp:
+        desc = export(args.ref, Path(tmp))
+        sides = {"ref": Worker(Path(tmp)), "now": Worker(ROOT)}
+        try:
+            print(f"now: the working tree; ref: {desc}. torch threads 1, load average {os.getloadavg()[0]:.1f}; "
+                  f"{rounds} round(s), the two taking turns", flush=True)
+            steps = {}
+            for label, heads in CONFIGS.items():  # warm up both; size the calls from the ref's rate
+                sides["now"].time(heads, 20)
+                rate = 50 / sides["ref"].time(heads, 50)
+                steps[label] = max(50, int(seconds * rate))
+            rates = {label: {"ref": [], "now": []} for label in CONFIGS}
+            for r in range(rounds):
+                for label, heads in CONFIGS.items():
+                    order = ("ref", "now") if r % 2 == 0 else ("now", "ref")
+                    for side in order:
+                        rates[label][side].append(steps[label] / sides[side].time(heads, steps[label]))
+        finally:
+            for w in sides.values():
+                w.close()
+    print(f"\n| config | ref steps/s | now steps/s | now / ref (median of rounds) | range of the rounds |")
+    print("|---|---:|---:|---:|---|")
+    for label in CONFIGS:
+        ref, now = rates[label]["ref"], rates[label]["now"]
+        ratios = [b / a for a, b in zip(ref, now)]
+        print(f"| {label} | {statistics.median(ref):.0f} | {statistics.median(now):.0f} | "
+              f"**{statistics.median(ratios):.2f}x** | {min(ratios):.2f}-{max(ratios):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
