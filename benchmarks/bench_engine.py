@@ -28,8 +28,11 @@ setting: d=3, n=64, batch 128, sigma=0.35, lr 0.02. "Grid steps/s" counts one st
 All run in one process with glibc's heap trimming off (``keep_freed_memory``, which ``train``
 applies on CPU), so none of them pays page faults for its temporaries at every step.
 
-Timing: steps/s per implementation, best of several rounds of about a second; the rounds
-interleave the implementations so that load from other processes hits all of them alike.
+Timing: steps/s per implementation, best of 20 rounds of about a quarter second; the rounds
+interleave the implementations so that load from other processes hits all of them alike (load
+only ever slows a round down, so the best round is the quiet machine's rate). The ensemble
+against the paper-style code is also given round by round (median and interquartile range):
+this machine's speed swings by up to 2x within seconds, and a round's runs share its speed.
 "Ensemble / naive" compares 500k steps of all five models: one ensemble run against the five
 naive runs one after the other.
 
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -178,15 +182,16 @@ def _synchronised(run):
     return synced
 
 
-def measure(runners, seconds, rounds, differential=False):
-    """Best steps/s of every runner over ``rounds`` interleaved rounds of about ``seconds`` each.
+def measure(runners, seconds, rounds, differential=False, every_round=False):
+    """Best steps/s of every runner over ``rounds`` interleaved rounds of about ``seconds`` each
+    (``every_round``: the list of every round's steps/s instead).
 
     ``differential`` (on a GPU): each measurement times ``run(s)`` and ``run(2 s)`` and takes
     s / (t(2 s) - t(s)), which cancels what a call costs once (building the model, the eager
     warm-up block and the CUDA-graph capture) and leaves the rate of the replayed steps; s is at
     least 4 logging blocks (400 steps) so that the graph path replays."""
     least, every = (400 if differential else 10), TrainConfig.log_every
-    steps, best = {}, {name: 0.0 for name in runners}
+    steps, seen = {}, {name: [] for name in runners}
     runners = {name: _synchronised(run) for name, run in runners.items()}
     for name, run in runners.items():  # warm up, and size each measurement from the warm-up's rate
         run(3)
@@ -206,8 +211,8 @@ def measure(runners, seconds, rounds, differential=False):
                 rate = s / max(time.perf_counter() - t1 - (t1 - t0), 1e-9)
             else:
                 rate = s / (t1 - t0)
-            best[name] = max(best[name], rate)
-    return best
+            seen[name].append(rate)
+    return seen if every_round else {name: max(rates) for name, rates in seen.items()}
 
 
 def main():
@@ -221,7 +226,7 @@ def main():
     device = resolve_device(args.device)
     keep_freed_memory()  # what train() does on CPU; set first so every implementation gets it
     warnings.simplefilter("ignore", EagerTraining)  # the short warm-up calls; timed runs assert graphs
-    seconds, rounds = (0.3, 1) if args.quick else (0.8, 3)
+    seconds, rounds = (0.3, 1) if args.quick else (0.25, 20)  # many short rounds: load only slows a round down
     runners = {}
     for H in HEADS:
         runners[f"naive H={H}"] = naive_runner(H, False, device)
@@ -238,7 +243,8 @@ def main():
     for threads in args.threads:
         torch.set_num_threads(threads)
         os.environ["ICLNB_THREADS"] = str(threads)  # the engine's own thread setting
-        r = measure(runners, seconds, rounds, differential=device.type == "cuda")
+        rounds_seen = measure(runners, seconds, rounds, differential=device.type == "cuda", every_round=True)
+        r = {name: max(rates) for name, rates in rounds_seen.items()}
         print(f"\n### {threads} thread(s)\n")
         print("| H | naive | paper-style | engine | engine / naive | engine / paper-style |")
         print("|---|---:|---:|---:|---:|---:|")
@@ -250,6 +256,14 @@ def main():
         print(f"| ensemble of all five | | | {r['ensemble']:.0f} | "
               f"{t['naive'] / t_ens:.0f}x | {t['paper'] / t_ens:.1f}x |")
         print(f"| (five H=8, the cost of padding to Hmax) | | | {r['padded']:.0f} | | |\n")
+        # the same ratio round by round (the ensemble against the five paper-style models of its own
+        # round): the machine's speed swings within seconds, and a round's runs share its state
+        per_round = sorted(sum(rounds_seen["ensemble"][i] / rounds_seen[f"paper H={H}"][i] for H in HEADS)
+                           for i in range(len(rounds_seen["ensemble"])))
+        q = len(per_round) // 4
+        print(f"Ensemble / paper-style round by round: median **{statistics.median(per_round):.1f}x** "
+              f"(interquartile {per_round[q]:.1f}-{per_round[-1 - q]:.1f}x over {len(per_round)} rounds); "
+              f"the table's ratio is of the best rounds.\n")
         print(f"500k steps of all five models: naive {t['naive']:.0f} min, paper-style {t['paper']:.0f} min, "
               f"engine one at a time {t['engine']:.1f} min, engine ensemble {t_ens:.1f} min")
         rate = gemm_rate()
