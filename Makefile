@@ -18,8 +18,9 @@ smoke: $(STAMP)  ## the whole book with tiny parameters (claims recorded, not en
 check-pages: $(STAMP)  ## open the built book in headless Chromium (network off) and fail on a defect; screenshots
 	$(BIN)/python -m iclnb check-pages
 
-bench: $(STAMP)  ## training throughput against the naive reference, and step time against K and H
+bench: $(STAMP)  ## training throughput against the naive reference, the engine against its code of e160d6c, step time against K and H
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_ref.py
 	$(BIN)/python benchmarks/bench_scaling.py
 
 $(STAMP): pyproject.toml constraints.txt
