@@ -14,6 +14,11 @@ quiet machine: the table gives each side's best steps/s and their ratio, and bes
 median of the per-round ratios (now / ref) with its interquartile range (on a shared machine
 whose speed swings within seconds, single rounds range widely).
 
+In the same rounds the ``now`` worker also times the paper-style reference of
+``bench_engine.py`` (the five models H = 1, 2, 3, 4, 8 one after the other), so the ratio the
+issue's first target names (the five-model ensemble against the paper-style code run five times)
+is given for both sides, round by round.
+
 The default reference, e160d6c, is the engine as it was when the CPU-speed work (issue 22)
 began: its targets are stated against that code ("chapter 2's 54-head ensemble at least 2x its
 current steps/s").
@@ -34,10 +39,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGMA2 = 0.1
+FIVE = (1, 2, 3, 4, 8)
 CONFIGS = {  # label -> heads of the members
     "one model, H = 1": (1,),
-    "five-model ensemble (H = 1, 2, 3, 4, 8)": (1, 2, 3, 4, 8),
-    "chapter 2's ensemble (15 members, 54 heads)": (1, 2, 3, 4, 8) * 3,
+    "five-model ensemble (H = 1, 2, 3, 4, 8)": FIVE,
+    "chapter 2's ensemble (15 members, 54 heads)": FIVE * 3,
 }
 
 
@@ -53,8 +59,19 @@ def worker(root: str) -> None:
     assert Path(iclnb.__file__).resolve().is_relative_to(Path(root).resolve()), iclnb.__file__
     torch.set_num_threads(1)
     keep_freed_memory()
+    papers = {}  # the paper-style reference (bench_engine's, this tree's), one model per head count
     for line in sys.stdin:
         req = json.loads(line)
+        if req.get("paper"):  # the five paper-style models, one after the other, ``steps`` steps each
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from bench_engine import naive_runner
+
+            runs = [papers.setdefault(H, naive_runner(H, True, torch.device("cpu"))) for H in req["heads"]]
+            t0 = time.perf_counter()
+            for run in runs:
+                run(req["steps"])
+            print(json.dumps(time.perf_counter() - t0), flush=True)
+            continue
         cfg = TrainConfig(heads=tuple(req["heads"]), steps=req["steps"], task_params={"sigma2": SIGMA2},
                           device="cpu")
         t0 = time.perf_counter()
@@ -68,8 +85,8 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=str(root))
 
-    def time(self, heads, steps) -> float:
-        self.proc.stdin.write(json.dumps({"heads": list(heads), "steps": steps}) + "\n")
+    def time(self, heads, steps, paper=False) -> float:
+        self.proc.stdin.write(json.dumps({"heads": list(heads), "steps": steps, "paper": paper}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -121,12 +138,17 @@ def main():
                 sides["now"].time(heads, 20)
                 rate = 50 / sides["ref"].time(heads, 50)
                 steps[label] = max(50, int(seconds * rate))
+            sides["now"].time(FIVE, 2, paper=True)
+            paper_steps = max(3, int(seconds * 3 / sides["now"].time(FIVE, 3, paper=True)))
             rates = {label: {"ref": [], "now": []} for label in CONFIGS}
+            paper = []  # steps/s of all five paper-style models (a step of each), round by round
             for r in range(rounds):
                 for label, heads in CONFIGS.items():
                     order = ("ref", "now") if r % 2 == 0 else ("now", "ref")
                     for side in order:
                         rates[label][side].append(steps[label] / sides[side].time(heads, steps[label]))
+                    if heads == FIVE:
+                        paper.append(paper_steps / sides["now"].time(FIVE, paper_steps, paper=True))
         finally:
             for w in sides.values():
                 w.close()
@@ -139,6 +161,16 @@ def main():
         q = len(ratios) // 4
         print(f"| {label} | {max(ref):.0f} | {max(now):.0f} | **{max(now) / max(ref):.2f}x** | "
               f"{statistics.median(ratios):.2f}x ({ratios[q]:.2f}-{ratios[-1 - q]:.2f}) |")
+    label = next(k for k, h in CONFIGS.items() if h == FIVE)
+    print(f"\nThe five-model ensemble against the paper-style code run five times (`bench_engine.py`'s "
+          f"reference, timed in the same rounds; {max(paper):.1f} steps/s of all five at best):\n")
+    print("| engine | ensemble / paper-style, best rounds | round by round: median (IQR) |")
+    print("|---|---:|---|")
+    for side in ("ref", "now"):
+        per = sorted(e / p for e, p in zip(rates[label][side], paper))
+        q = len(per) // 4
+        print(f"| {side} | {max(rates[label][side]) / max(paper):.1f}x | "
+              f"**{statistics.median(per):.1f}x** ({per[q]:.1f}-{per[-1 - q]:.1f}) |")
 
 if __name__ == "__main__":
     main()
