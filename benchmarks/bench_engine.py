@@ -1,6 +1,6 @@
 """Training throughput of the iclnb engine against naive references, measured in the same run.
 
-    python benchmarks/bench_engine.py                # about a minute per thread count
+    python benchmarks/bench_engine.py                # about two minutes per thread count
     python benchmarks/bench_engine.py --quick        # a smoke run (about 30 s)
     python benchmarks/bench_engine.py --threads 1 2  # also compare two torch threads
 
