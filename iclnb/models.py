@@ -139,6 +139,11 @@ class Ensemble(nn.Module):
             return x
         return x.index_select(1, self.head_member)
 
+    def free_step_buffers(self) -> None:
+        """Drop the training step's working buffers (``train`` calls it when a run ends: a trained
+        model kept for analysis should not hold them; the next step makes them anew)."""
+        self.__dict__.pop("_step_buf", None)
+
     def _const(self, value: float, like):
         """``value`` as a 0-dim tensor on ``like``'s device and dtype, made once: an op with a Python
         number wraps it in a fresh tensor every call (~3.5 us on this CPU), an op with this one
@@ -147,7 +152,9 @@ class Ensemble(nn.Module):
         key = (value, like.device, like.dtype)
         c = cache.get(key)
         if c is None:
-            c = cache[key] = torch.full((), value, device=like.device, dtype=like.dtype)
+            with torch.inference_mode(False):  # a normal tensor, even when first made in the step:
+                # autograd (predict with gradients) may later save it for its backward
+                c = cache[key] = torch.full((), value, device=like.device, dtype=like.dtype)
         return c
 
     def forward(self, X, y, xq):

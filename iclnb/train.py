@@ -254,7 +254,9 @@ class LeanAdam(torch.optim.Adam):
 
     def _lean_step(self, closure=None):
         g, lean = self.param_groups[0], self._lean
-        if lean is None or closure is not None or any(p.grad is not q for p, q in zip(lean[0], lean[1])):
+        if (lean is None or not self._plain(closure) or len(g["params"]) != len(lean[0])
+                or any(p.grad is not q or self.state[p].get("step") is not s
+                       for p, q, s in zip(lean[0], lean[1], lean[4]))):
             lean = self._lean = self._lean_lists(closure)
             if lean is None:
                 return torch.optim.Adam.step(self, closure)
@@ -264,13 +266,17 @@ class LeanAdam(torch.optim.Adam):
                            grad_scale=None, found_inf=None)
         return None
 
+    def _plain(self, closure) -> bool:
+        """Plain fused Adam on one group (checked every step: a group's settings may change)."""
+        g = self.param_groups[0]
+        return (closure is None and len(self.param_groups) == 1 and g["fused"] and not g["amsgrad"]
+                and not g["maximize"] and not g["weight_decay"] and not torch.is_tensor(g["lr"]))
+
     def _lean_lists(self, closure):
         """The lean step's argument lists, or None where torch's own step must run."""
         g = self.param_groups[0]
-        plain = (closure is None and len(self.param_groups) == 1 and g["fused"] and not g["amsgrad"]
-                 and not g["maximize"] and not g["weight_decay"] and not torch.is_tensor(g["lr"]))
         params = [p for p in g["params"] if p.grad is not None]
-        if not plain or len(params) != len(g["params"]) or any(p not in self.state for p in params):
+        if not self._plain(closure) or len(params) != len(g["params"]) or any(p not in self.state for p in params):
             return None
         states = [self.state[p] for p in params]
         return (params, [p.grad for p in params], [s["exp_avg"] for s in states],
@@ -445,6 +451,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
                 torch.cuda.set_stream(stream)
                 torch.cuda.synchronize(dev)
             model.flat.grad = None
+            model.free_step_buffers()
             why = f"CUDA graph capture failed ({type(e).__name__}: {e})"
             if state is None:
                 raise CaptureFailed(f"{why}; train(cfg, cuda_graphs=False) trains eagerly (the same numbers), "
@@ -488,6 +495,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
             for k, v in model.snapshot().items():
                 snap[k][-1] = v
     model.flat.grad = None
+    model.free_step_buffers()
     return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}, training
 
 

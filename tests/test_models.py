@@ -75,6 +75,18 @@ def test_shared_prompts_outputs_and_gradients(name, mk, nk, T):
     _assert_grads_match(m, naive, f"{name} T={T}")
     assert m.params(m.flat.grad)["WQ"][:, :, -T:].abs().max() == 0  # the query's label slots are 0
 
+    # a fresh model whose first use is the hand-derived step: nothing the step made in inference
+    # mode (its buffers, its constants) may reach autograd afterwards, and the step again, with
+    # its reused buffers, gives the same gradient
+    m = _model(name, mk, T=T)
+    m.loss_and_grad(Z, xq, yq)
+    torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-9)
+    m.flat.grad = None
+    m.member_losses(m.predict(Z, xq), yq).sum().backward()
+    torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-9)
+    m.loss_and_grad(Z, xq, yq)
+    torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-9)
+
 
 @pytest.mark.parametrize("scale,dtype", [(3.0, torch.float32), (40.0, torch.float32), (40.0, F64)])
 def test_softmax_raw_weights_and_their_fallback(scale, dtype):
