@@ -7,7 +7,8 @@
 The library at ``--ref`` is taken from git (``git archive REF iclnb``) into a temporary folder and
 imported there by a worker process; a second worker imports the working tree's. Both train the
 same configs (``iclnb.train.train`` at the benchmark setting: d=5, n=40, batch 256, sigma^2=0.1,
-one thread, no cache, logging every 100 steps included), and the parent lets them take turns,
+one thread, no cache, logging every 100 steps included; and chapter 6's two-output ensemble at its
+setting, d=6, n=48), and the parent lets them take turns,
 one at a time, round after round, so that whatever load the machine has hits both alike. Load
 from elsewhere only ever slows a call down, so each side's best round estimates its speed on a
 quiet machine: the table gives each side's best steps/s and their ratio, and beside it the
@@ -40,10 +41,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIGMA2 = 0.1
 FIVE = (1, 2, 3, 4, 8)
-CONFIGS = {  # label -> heads of the members
-    "one model, H = 1": (1,),
-    "five-model ensemble (H = 1, 2, 3, 4, 8)": FIVE,
-    "chapter 2's ensemble (15 members, 54 heads)": FIVE * 3,
+CH6 = {"task": "multitask", "d": 6, "n": 48, "task_params": {"supports": [[1, 2, 3, 4], [3, 4, 5, 6]], "sigma2": 0.1}}
+CONFIGS = {  # label -> (heads of the members, other TrainConfig fields)
+    "one model, H = 1": ((1,), {}),
+    "five-model ensemble (H = 1, 2, 3, 4, 8)": (FIVE, {}),
+    "chapter 2's ensemble (15 members, 54 heads)": (FIVE * 3, {}),
+    "chapter 6's ensemble (two outputs, 20 members, 50 heads)": ((1, 2, 3, 4) * 5, CH6),
 }
 
 
@@ -72,8 +75,8 @@ def worker(root: str) -> None:
                 run(req["steps"])
             print(json.dumps(time.perf_counter() - t0), flush=True)
             continue
-        cfg = TrainConfig(heads=tuple(req["heads"]), steps=req["steps"], task_params={"sigma2": SIGMA2},
-                          device="cpu")
+        fields = {"task_params": {"sigma2": SIGMA2}, **req.get("fields", {})}
+        cfg = TrainConfig(heads=tuple(req["heads"]), steps=req["steps"], device="cpu", **fields)
         t0 = time.perf_counter()
         train(cfg, progress=False, cache=False)
         print(json.dumps(time.perf_counter() - t0), flush=True)
@@ -85,8 +88,9 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=str(root))
 
-    def time(self, heads, steps, paper=False) -> float:
-        self.proc.stdin.write(json.dumps({"heads": list(heads), "steps": steps, "paper": paper}) + "\n")
+    def time(self, heads, steps, paper=False, fields=None) -> float:
+        req = {"heads": list(heads), "steps": steps, "paper": paper, "fields": fields or {}}
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -134,20 +138,20 @@ def main():
             print(f"now: the working tree; ref: {desc}. torch threads 1, load average {os.getloadavg()[0]:.1f}; "
                   f"{rounds} round(s), the two taking turns", flush=True)
             steps = {}
-            for label, heads in CONFIGS.items():  # warm up both; size the calls from the ref's rate
-                sides["now"].time(heads, 20)
-                rate = 50 / sides["ref"].time(heads, 50)
+            for label, (heads, fields) in CONFIGS.items():  # warm up both; size the calls from the ref's rate
+                sides["now"].time(heads, 20, fields=fields)
+                rate = 50 / sides["ref"].time(heads, 50, fields=fields)
                 steps[label] = max(50, int(seconds * rate))
             sides["now"].time(FIVE, 2, paper=True)
             paper_steps = max(3, int(seconds * 3 / sides["now"].time(FIVE, 3, paper=True)))
             rates = {label: {"ref": [], "now": []} for label in CONFIGS}
             paper = []  # steps/s of all five paper-style models (a step of each), round by round
             for r in range(rounds):
-                for label, heads in CONFIGS.items():
+                for label, (heads, fields) in CONFIGS.items():
                     order = ("ref", "now") if r % 2 == 0 else ("now", "ref")
                     for side in order:
-                        rates[label][side].append(steps[label] / sides[side].time(heads, steps[label]))
-                    if heads == FIVE:
+                        rates[label][side].append(steps[label] / sides[side].time(heads, steps[label], fields=fields))
+                    if heads == FIVE and not fields:
                         paper.append(paper_steps / sides["now"].time(FIVE, paper_steps, paper=True))
         finally:
             for w in sides.values():
@@ -161,7 +165,7 @@ def main():
         q = len(ratios) // 4
         print(f"| {label} | {max(ref):.0f} | {max(now):.0f} | **{max(now) / max(ref):.2f}x** | "
               f"{statistics.median(ratios):.2f}x ({ratios[q]:.2f}-{ratios[-1 - q]:.2f}) |")
-    label = next(k for k, h in CONFIGS.items() if h == FIVE)
+    label = next(k for k, (h, _) in CONFIGS.items() if h == FIVE)
     print(f"\nThe five-model ensemble against the paper-style code run five times (`bench_engine.py`'s "
           f"reference, timed in the same rounds; {max(paper):.1f} steps/s of all five at best):\n")
     print("| engine | ensemble / paper-style, best rounds | round by round: median (IQR) |")
