@@ -63,10 +63,10 @@ def worker(root: str) -> None:
     torch.set_num_threads(1)
     keep_freed_memory()
     papers = {}  # the paper-style reference (bench_engine's, this tree's), one model per head count
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("paper"):  # the five paper-style models, one after the other, ``steps`` steps each
-            sys.path.insert(0, str(ROOT / "benchmarks"))
             from bench_engine import naive_runner
 
             runs = [papers.setdefault(H, naive_runner(H, True, torch.device("cpu"))) for H in req["heads"]]

@@ -284,8 +284,7 @@ class _Attention(Ensemble):
         outside autograd, made once per buffer (the step would otherwise spend ~20 view ops a call
         re-making them)."""
         if torch.is_grad_enabled():
-            WQ, WK, WV, WO = self.params(t).values()
-            return WQ, WK, WV, WO, WQ[:, :, : self.d], WO.transpose(1, 2), WK.transpose(1, 2)
+            return self._block_views(t)
         cache = self.__dict__.setdefault("_block_cache", {})
         views = cache.get(id(t))
         # still views of t's current storage (not of a buffer since replaced, nor copies)
@@ -293,9 +292,12 @@ class _Attention(Ensemble):
             if len(cache) > 4:
                 cache.clear()
             with torch.no_grad():
-                WQ, WK, WV, WO = self.params(t).values()
-                views = cache[id(t)] = (WQ, WK, WV, WO, WQ[:, :, : self.d], WO.transpose(1, 2), WK.transpose(1, 2))
+                views = cache[id(t)] = self._block_views(t)
         return views
+
+    def _block_views(self, t):
+        WQ, WK, WV, WO = self.params(t).values()
+        return WQ, WK, WV, WO, WQ[:, :, : self.d], WO.transpose(1, 2), WK.transpose(1, 2)
 
     def _projections(self, xq):
         """U (B,Ht(1+T),D): every head's u = KQ z_q (times ``score_unit``), then its T rows of OV^T,

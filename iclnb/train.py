@@ -237,7 +237,8 @@ class LeanAdam(torch.optim.Adam):
     about 0.07 ms a step, several percent of a small ensemble's step): the first step sets the
     state up through torch, every later one makes the two calls torch's own fused step makes
     (so the numbers are the same), with the argument lists built once and reused while the
-    parameters' gradients and the state are the same tensors. Anything but plain fused Adam on
+    parameters' gradients and the state are the same tensors (checked every step, so a loaded
+    state or another group rebuilds them). Anything but plain fused Adam on
     one group goes to torch. ``step`` is bound per instance, past the wrapper torch puts on every
     optimizer's step (a profiler record and the step hooks: ~0.03 ms a step; this library
     registers no optimizer hooks)."""
@@ -282,13 +283,6 @@ class LeanAdam(torch.optim.Adam):
         return (params, [p.grad for p in params], [s["exp_avg"] for s in states],
                 [s["exp_avg_sq"] for s in states], [s["step"] for s in states])
 
-    def load_state_dict(self, state_dict):
-        self._lean = None  # new state tensors: the lists are rebuilt at the next step
-        super().load_state_dict(state_dict)
-
-    def add_param_group(self, param_group):
-        self._lean = None
-        super().add_param_group(param_group)
 
 
 def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
