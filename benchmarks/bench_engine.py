@@ -25,6 +25,10 @@ Chapter 4's grid row: one ``kernel`` ensemble over 3 function classes x 6 Lipsch
 task's own sampler, torch.optim.Adam) trained one grid point after the other. At chapter 4's
 setting: d=3, n=64, batch 128, sigma=0.35, lr 0.02. "Grid steps/s" counts one step of all 18.
 
+The engine runs with ``ICLNB_PREFETCH=0`` here: its data stream drawn in the training thread, one
+thread in all like the references (``bench_ref.py`` gives the gain of drawing it ahead on a
+second core, the CPU default where one is free).
+
 All run in one process with glibc's heap trimming off (``keep_freed_memory``, which ``train``
 applies on CPU), so none of them pays page faults for its temporaries at every step.
 
@@ -225,6 +229,7 @@ def main():
     args = ap.parse_args()
     device = resolve_device(args.device)
     keep_freed_memory()  # what train() does on CPU; set first so every implementation gets it
+    os.environ["ICLNB_PREFETCH"] = "0"  # one thread in all, as the references (bench_ref.py: drawn ahead)
     warnings.simplefilter("ignore", EagerTraining)  # the short warm-up calls; timed runs assert graphs
     seconds, rounds = (0.3, 1) if args.quick else (0.25, 20)  # many short rounds: load only slows a round down
     runners = {}

@@ -20,6 +20,12 @@ In the same rounds the ``now`` worker also times the paper-style reference of
 issue's first target names (the five-model ensemble against the paper-style code run five times)
 is given for both sides, round by round.
 
+A third worker runs the working tree with its data stream drawn ahead in a second thread
+(``ICLNB_PREFETCH=1``, the CPU default where two cores are free; the other two run with it off, one
+thread in all, as the issue's targets are stated): its column is what a chapter gets on a machine
+with a core to spare, beside the one-thread numbers, and chapter 1's softmax-regression ensemble
+(d=20, n=200, 8 one-head members), whose prompts cost about half its step, joins the configs for it.
+
 The default reference, e160d6c, is the engine as it was when the CPU-speed work (issue 22)
 began: its targets are stated against that code ("chapter 2's 54-head ensemble at least 2x its
 current steps/s").
@@ -42,11 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SIGMA2 = 0.1
 FIVE = (1, 2, 3, 4, 8)
 CH6 = {"task": "multitask", "d": 6, "n": 48, "task_params": {"supports": [[1, 2, 3, 4], [3, 4, 5, 6]], "sigma2": 0.1}}
+CH1 = {"task": "softmax_regression", "d": 20, "n": 200, "lr": 1e-3, "task_params": {}}
 CONFIGS = {  # label -> (heads of the members, other TrainConfig fields)
     "one model, H = 1": ((1,), {}),
     "five-model ensemble (H = 1, 2, 3, 4, 8)": (FIVE, {}),
     "chapter 2's ensemble (15 members, 54 heads)": (FIVE * 3, {}),
     "chapter 6's ensemble (two outputs, 20 members, 50 heads)": ((1, 2, 3, 4) * 5, CH6),
+    "chapter 1's ensemble (softmax regression, 8 members)": ((1,) * 8, CH1),
 }
 
 
@@ -83,8 +91,9 @@ def worker(root: str) -> None:
 
 
 class Worker:
-    def __init__(self, root: Path):
-        env = dict(os.environ, ICLNB_THREADS="1", ICLNB_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    def __init__(self, root: Path, prefetch: bool = False):
+        env = dict(os.environ, ICLNB_THREADS="1", ICLNB_QUIET="1", OMP_NUM_THREADS="1", PYTHONPATH=str(root),
+                   ICLNB_PREFETCH="1" if prefetch else "0")
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=str(root))
 
@@ -100,6 +109,13 @@ class Worker:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def _median(a, b) -> str:
+    """The median of the per-round ratios b / a, with their interquartile range."""
+    ratios = sorted(y / x for x, y in zip(a, b))
+    q = len(ratios) // 4
+    return f"{statistics.median(ratios):.2f}x ({ratios[q]:.2f}-{ratios[-1 - q]:.2f})"
 
 
 def export(ref: str, into: Path) -> str:
@@ -133,22 +149,23 @@ def main():
     rounds, seconds = (1, 0.2) if args.quick else (args.rounds, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         desc = export(args.ref, Path(tmp))
-        sides = {"ref": Worker(Path(tmp)), "now": Worker(ROOT)}
+        sides = {"ref": Worker(Path(tmp)), "now": Worker(ROOT), "prefetch": Worker(ROOT, prefetch=True)}
         try:
             print(f"now: the working tree; ref: {desc}. torch threads 1, load average {os.getloadavg()[0]:.1f}; "
-                  f"{rounds} round(s), the two taking turns", flush=True)
+                  f"{rounds} round(s), the three taking turns", flush=True)
             steps = {}
-            for label, (heads, fields) in CONFIGS.items():  # warm up both; size the calls from the ref's rate
+            for label, (heads, fields) in CONFIGS.items():  # warm up all; size the calls from the ref's rate
                 sides["now"].time(heads, 20, fields=fields)
+                sides["prefetch"].time(heads, 20, fields=fields)
                 rate = 50 / sides["ref"].time(heads, 50, fields=fields)
                 steps[label] = max(50, int(seconds * rate))
             sides["now"].time(FIVE, 2, paper=True)
             paper_steps = max(3, int(seconds * 3 / sides["now"].time(FIVE, 3, paper=True)))
-            rates = {label: {"ref": [], "now": []} for label in CONFIGS}
+            rates = {label: {side: [] for side in sides} for label in CONFIGS}
             paper = []  # steps/s of all five paper-style models (a step of each), round by round
             for r in range(rounds):
                 for label, (heads, fields) in CONFIGS.items():
-                    order = ("ref", "now") if r % 2 == 0 else ("now", "ref")
+                    order = list(sides)[r % 3:] + list(sides)[:r % 3]  # each side first in turn
                     for side in order:
                         rates[label][side].append(steps[label] / sides[side].time(heads, steps[label], fields=fields))
                     if heads == FIVE and not fields:
@@ -157,20 +174,18 @@ def main():
             for w in sides.values():
                 w.close()
     print("\n| config | ref steps/s (best) | now steps/s (best) | now / ref (best) "
-          "| now / ref (median of rounds, IQR) |")
-    print("|---|---:|---:|---:|---|")
+          "| now / ref (median of rounds, IQR) | now, drawn ahead: steps/s (best) | drawn ahead / now (median, IQR) |")
+    print("|---|---:|---:|---:|---|---:|---|")
     for label in CONFIGS:
-        ref, now = rates[label]["ref"], rates[label]["now"]
-        ratios = sorted(b / a for a, b in zip(ref, now))
-        q = len(ratios) // 4
-        print(f"| {label} | {max(ref):.0f} | {max(now):.0f} | **{max(now) / max(ref):.2f}x** | "
-              f"{statistics.median(ratios):.2f}x ({ratios[q]:.2f}-{ratios[-1 - q]:.2f}) |")
+        ref, now, ahead = (rates[label][side] for side in ("ref", "now", "prefetch"))
+        print(f"| {label} | {max(ref):.0f} | {max(now):.0f} | **{max(now) / max(ref):.2f}x** | {_median(ref, now)} | "
+              f"{max(ahead):.0f} | {_median(now, ahead)} |")
     label = next(k for k, (h, _) in CONFIGS.items() if h == FIVE)
     print(f"\nThe five-model ensemble against the paper-style code run five times (`bench_engine.py`'s "
           f"reference, timed in the same rounds; {max(paper):.1f} steps/s of all five at best):\n")
     print("| engine | ensemble / paper-style, best rounds | round by round: median (IQR) |")
     print("|---|---:|---|")
-    for side in ("ref", "now"):
+    for side in ("ref", "now"):  # both one thread, as the reference
         per = sorted(e / p for e, p in zip(rates[label][side], paper))
         q = len(per) // 4
         print(f"| {side} | {max(rates[label][side]) / max(paper):.1f}x | "

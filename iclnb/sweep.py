@@ -17,9 +17,11 @@ threshold, null value and status. Reported numbers are claims too, so a chapter'
 metrics (a learned window, a recovery error) are in the table beside the checks.
 
 Executors: a local process pool by default (``jobs`` workers, each training with
-``cpu_count // jobs`` threads), or a Dask distributed cluster (``scheduler`` = its address, e.g.
-``tcp://host:8786``; needs the ``dask`` extra). Dask workers must see the same files (the
-repository with the chapters, the output folder) and should run one task at a time
+``cpu_count // jobs`` threads, and drawing training data ahead in a second thread only where
+``cpu_count >= 2 jobs``: ``iclnb.util.prefetch_enabled``), or a Dask distributed cluster
+(``scheduler`` = its address, e.g. ``tcp://host:8786``; needs the ``dask`` extra). Dask workers
+must see the same files (the repository with the chapters, the output folder) and should run one
+task at a time
 (``--nthreads 1``); to share trained runs between workers, point them at one run cache on a shared
 file system (``ICLNB_CACHE_DIR``): its entries are written atomically and each is trained once
 under a lock (see ``iclnb.train``). HPC batch systems are reached the same way through
@@ -103,10 +105,13 @@ def _chapter(spec) -> runner.Chapter:
 
 
 def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str, name: str,
-            threads: int | None = None) -> dict:
-    """Run one sweep point (in a worker process or on a Dask worker) and write its record."""
+            threads: int | None = None, prefetch: bool | None = None) -> dict:
+    """Run one sweep point (in a worker process or on a Dask worker) and write its record.
+    ``threads``/``prefetch`` set the worker's ``$ICLNB_THREADS``/``$ICLNB_PREFETCH`` (None: as it is)."""
     if threads:
         os.environ["ICLNB_THREADS"] = str(threads)
+    if prefetch is not None:
+        os.environ["ICLNB_PREFETCH"] = "1" if prefetch else "0"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     r = runner.run_chapter(chapter, params, output=out / f"{name}.ipynb", preset=preset,
@@ -228,6 +233,7 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
     cores = os.cpu_count() or 1
     jobs = max(1, min(int(jobs or cores), len(runs)))
     threads = max(1, cores // jobs)
+    prefetch = cores >= 2 * jobs  # a data-drawing thread per worker only where a core is spare for it
     records = {r.name: rec for r in runs if (rec := _finished(r.record_path(out))) is not None}
     todo = [r for r in runs if r.name not in records]
     where = f"Dask cluster {scheduler}" if scheduler else f"{jobs} local worker(s), {threads} thread(s) each"
@@ -239,7 +245,7 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
         handle, submit, as_completed, close = _dask_executor(scheduler) if scheduler else _local_executor(jobs)
         try:
             futures = {submit(execute, chapter, r.params, preset, str(out), r.name,
-                              None if scheduler else threads): r for r in todo}
+                              *((None, None) if scheduler else (threads, prefetch))): r for r in todo}
             for i, fut in enumerate(as_completed(futures), 1):
                 r = futures[fut]
                 try:

@@ -42,6 +42,7 @@ from .progress import training_update
 from .tasks import Task, make_task, sample_members
 from .util import (
     DTYPES,
+    Prefetch,
     check,
     check_choice,
     check_int,
@@ -51,6 +52,7 @@ from .util import (
     dtype_name,
     generator,
     is_int,
+    prefetch_enabled,
     resolve_device,
 )
 
@@ -406,6 +408,11 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
     side = torch.cuda.Stream(device=dev) if cuda and use_graphs else None  # warm-up and capture stream
     capture = capture or functools.partial(cuda_graph_capture, stream=side)
     batch, gens = prompt_stream(cfg, dev, dt)
+    # on the CPU the next batches are drawn in a second thread while this one trains (the same
+    # numbers; $ICLNB_PREFETCH); on CUDA the sampler runs on the device, inside the graphs (whose
+    # failed capture rewinds the generators: a stream drawn ahead could not be rewound)
+    feed = Prefetch(batch) if dev.type == "cpu" and not use_graphs and prefetch_enabled() else None
+    batch = feed or batch
     opt = make_optimizer(cfg, model)
     blocks = _Blocks(model, opt, batch, every)
 
@@ -459,7 +466,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
 
     replay, pending = None, None
     on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
-    with bar if show else contextlib.nullcontext(), on_device:
+    with bar if show else contextlib.nullcontext(), on_device, feed or contextlib.nullcontext():
         for b, first in enumerate(range(0, cfg.steps, cfg.log_every)):
             count = min(every, cfg.steps - first)
             if use_graphs and b == 1 and count == every:  # capture after the warm-up block

@@ -14,6 +14,8 @@ import hashlib
 import math
 import numbers
 import os
+import queue
+import threading
 
 import numpy as np
 import torch
@@ -186,6 +188,94 @@ def cpu_threads(device: torch.device):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+PREFETCH_ENV = "ICLNB_PREFETCH"
+
+
+def prefetch_enabled() -> bool:
+    """Whether CPU training draws its data stream ahead in a second thread (:class:`Prefetch`):
+    ``$ICLNB_PREFETCH`` "1" or "0"; unset, on when this process may run on two or more cores.
+
+    The numbers are the same either way (one thread draws the batches, in order, from the
+    stream's own generator); only where the sampler runs changes. It pays where drawing a batch
+    is a large part of a step (chapter 1's softmax-regression prompts: about half) and costs a
+    little where the second core is busy: sweeps that put one worker on every core turn it off.
+    """
+    value = os.environ.get(PREFETCH_ENV, "")
+    check(PREFETCH_ENV, value, value in ("", "0", "1"), '"1" (on), "0" (off) or unset (on with 2+ cores)')
+    if value:
+        return value == "1"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores >= 2
+
+
+class Prefetch:
+    """``draw()``'s results, drawn ``depth`` ahead by a second thread: call the object for the next.
+
+    One producer thread calls ``draw`` over and over, in order, so the sequence is exactly what
+    calling ``draw`` directly gives (a generator ``draw`` reads is read by that thread only; torch
+    releases the GIL inside its ops, so drawing overlaps the caller's own work on another core).
+    The thread starts at the first call and stops at :meth:`close` (or the end of a ``with``
+    block); an exception in ``draw`` is raised by the call that would have returned its result.
+    ``draw`` must return fresh tensors each time (they are used while the next are drawn).
+    """
+
+    def __init__(self, draw, depth: int = 2):
+        check_int("depth", depth, 1)
+        self._draw, self._queue = draw, queue.Queue(depth)
+        self._stop, self._thread = threading.Event(), None
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            while self._put((self._draw(), None)):
+                pass
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._put((None, e))
+
+    def __call__(self):
+        if self._thread is None:
+            if self._stop.is_set():
+                raise RuntimeError("Prefetch: called after close()")
+            self._thread = threading.Thread(target=self._produce, name="iclnb-prefetch", daemon=True)
+            self._thread.start()
+        while True:
+            try:
+                item, error = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("Prefetch: the drawing thread has stopped") from None
+        if error is not None:
+            raise error
+        return item
+
+    def close(self) -> None:
+        """Stop the thread (it finishes the draw it is in) and drop what it drew ahead."""
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get_nowait()
+                self._thread.join(timeout=0.01)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # ---- small numerics shared by chapters --------------------------------------------------------

@@ -85,6 +85,16 @@ def test_reproducible():
     assert not torch.equal(a.model.flat, c.model.flat)
 
 
+def test_prefetched_stream_trains_the_same(monkeypatch):
+    """Drawing the batches ahead in a second thread (CPU default) changes no number."""
+    runs = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("ICLNB_PREFETCH", value)
+        runs[value] = train(TrainConfig(heads=(1, 3), **TINY), cache=False)
+    assert torch.equal(runs["0"].model.flat, runs["1"].model.flat)
+    assert np.array_equal(runs["0"].history.loss, runs["1"].history.loss)
+
+
 @pytest.mark.parametrize("init_seeds", [None, (5, 6, 7)])
 def test_member_trains_as_alone(init_seeds):
     """Packing members with different head counts changes nothing: each trains as alone."""

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from iclnb.util import (
+    Prefetch,
     check_int,
     check_ints,
     check_real,
@@ -9,6 +10,7 @@ from iclnb.util import (
     derive_seed,
     dtype_name,
     generator,
+    prefetch_enabled,
     resolve_device,
     resolve_dtype,
 )
@@ -45,3 +47,35 @@ def test_devices_and_dtypes():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda'"):
             resolve_device("cuda")
+
+
+def test_prefetch_keeps_the_order_raises_the_drawing_error_and_stops():
+    calls = iter(range(100))
+
+    def draw():
+        i = next(calls)
+        if i == 5:
+            raise KeyError("draw 5")
+        return torch.full((3,), float(i))
+
+    with Prefetch(draw, depth=2) as feed:
+        assert [float(feed()[0]) for _ in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        with pytest.raises(KeyError, match="draw 5"):
+            feed()
+    assert not feed._thread.is_alive()
+    with Prefetch(lambda: torch.zeros(1)) as idle:  # closed while its thread waits on a full queue
+        idle()
+    assert not idle._thread.is_alive()
+    closed = Prefetch(draw)
+    closed.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        closed()
+
+
+def test_prefetch_policy(monkeypatch):
+    for value, on in (("1", True), ("0", False)):
+        monkeypatch.setenv("ICLNB_PREFETCH", value)
+        assert prefetch_enabled() is on
+    monkeypatch.setenv("ICLNB_PREFETCH", "yes")
+    with pytest.raises(ValueError, match="ICLNB_PREFETCH"):
+        prefetch_enabled()
