@@ -21,9 +21,8 @@ Executors: a local process pool by default (``jobs`` workers, each training with
 ``cpu_count >= 2 jobs``: ``iclnb.util.prefetch_enabled``), or a Dask distributed cluster
 (``scheduler`` = its address, e.g. ``tcp://host:8786``; needs the ``dask`` extra). Dask workers
 must see the same files (the repository with the chapters, the output folder) and should run one
-task at a time
-(``--nthreads 1``); to share trained runs between workers, point them at one run cache on a shared
-file system (``ICLNB_CACHE_DIR``): its entries are written atomically and each is trained once
+task at a time (``--nthreads 1``); to share trained runs between workers, point them at one run
+cache on a shared file system (``ICLNB_CACHE_DIR``): its entries are written atomically and each is trained once
 under a lock (see ``iclnb.train``). HPC batch systems are reached the same way through
 dask-jobqueue (e.g. a ``SLURMCluster``'s scheduler address).
 """
