@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("chapter", help="chapter number or (part of its) name")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter (repeatable); see `iclnb params CH`")
-    p.add_argument("-o", "--output", help="executed notebook path (default book/chapters/NN_name.ipynb)")
+    p.add_argument("-o", "--output",
+                   help="executed notebook path, or a folder to put NN_name.ipynb into (default book/chapters/)")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
     p.add_argument("--preset", choices=runner.PRESETS,
                    help="a preset of the chapter: smoke, or paper (the paper's scale)")

@@ -347,7 +347,7 @@ class _Attention(Ensemble):
 
     def _hand_grads(self, Z, xq, yq, loss_out):
         B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
-        if T == 1 and self.exp_kernel:
+        if self.exp_kernel:
             loss, dOV, dKQx = self._softmax_grads(Z, xq, yq, loss_out)
             self._chain(dOV, dKQx)
             return loss
@@ -410,57 +410,76 @@ class _Attention(Ensemble):
 
     def _step_buffers(self, Z):
         """The softmax step's working buffers, reused while the batch shape stays: the tokens with
-        a column of ones Z1 (B,n,D+1), the scores and values W (B,2Ht,n) (then E and E v, in
-        place) and the token sums G (B,D+1,2Ht), with their views made once. Reuse saves the
-        allocations, the ones column's fill and ~15 view ops a step; on CUDA they are the static
-        buffers a captured graph reads and writes."""
+        a column of ones Z1 (B,n,D+1), the scores and values W (B,(1+T)Ht,n) (then E and E v, in
+        place; rows: every head's score, then its T value rows) and the token sums G
+        (B,D+1,(1+T)Ht), with their views made once. Reuse saves the allocations, the ones
+        column's fill and ~15 view ops a step; on CUDA they are the static buffers a captured
+        graph reads and writes."""
         B, n, D = Z.shape
-        Ht, key = self.Ht, (B, n, Z.device, Z.dtype)
+        Ht, T, key = self.Ht, self.T, (B, n, Z.device, Z.dtype)
         buf = self.__dict__.get("_step_buf")
         if buf is None or buf["key"] != key:
             Z1 = Z.new_empty(B, n, D + 1)
             Z1[..., D] = 1.0
-            W, G = Z.new_empty(B, 2 * Ht, n), Z.new_empty(B, D + 1, 2 * Ht)
+            R = (1 + T) * Ht
+            W, G = Z.new_empty(B, R, n), Z.new_empty(B, D + 1, R)
             Z1t = Z1.transpose(1, 2)
             buf = self.__dict__["_step_buf"] = {
                 "key": key, "Z": Z1[..., :D], "Z1t": Z1t, "Zt": Z1t[:, :D], "W": W, "Wt": W.transpose(1, 2),
                 "E": W[:, :Ht], "EV": W[:, Ht:], "G": G, "G1": G[:, :D, :Ht], "G2": G[:, :D, Ht:],
                 "total": G[:, D, :Ht], "ysum": G[:, D, Ht:]}
+            if T > 1:  # per output t: the value rows E v_t (B,Ht,n) and their token sums (B,D,Ht)
+                EVt, G2t = W[:, Ht:].view(B, Ht, T, n), G[:, :D, Ht:].view(B, D, Ht, T)
+                buf.update(EVs=[EVt[:, :, t] for t in range(T)], G2s=[G2t[..., t] for t in range(T)],
+                           ysumt=G[:, D, Ht:].view(B, Ht, T))
         return buf
 
-    def _softmax_grads(self, Z, xq, yq, loss_out):
-        """Loss, dL/dP and dL/dKQx of softmax heads with one output, in few passes over (B,Ht,n):
-        the weights E_i and E_i v_i overwrite the scores and values they come from (one buffer
-        W), and one product of W with the tokens and a row of ones gives sum_i E_i z_i,
-        sum_i E_i v_i z_i and both sums (the normaliser and the head output). Small tensors are
-        laid out (B, D, Ht) throughout.
+    def _softmax_sums(self, Z, xq):
+        """The softmax step's one pass over (B,(1+T)Ht,n): the weights E_i and E_i v_ti overwrite
+        the scores and values they come from (one buffer W), and one product of W with the tokens
+        and a row of ones gives sum_i E_i z_i, sum_i E_i v_ti z_i and the sums sum_i E_i (the
+        normaliser) and sum_i E_i v_ti (the head outputs): the step buffers, filled.
 
         On the CPU the weights are exp2 of the raw scores (no pass for the row maximum) unless
         a sum falls outside ``_RAW_RANGE`` (then E is recomputed shifted by the row maximum,
         as on other devices, where the check would cost a synchronisation)."""
-        B, n, D = Z.shape
-        Ht, d = self.Ht, self.d
-        U, _ = self._projections(xq)  # (B,2Ht,D): [u_h; OV_h]
+        U, _ = self._projections(xq)  # (B,(1+T)Ht,D): [u_h; OV_h rows]
         buf = self._step_buffers(Z)
         buf["Z"].copy_(Z)
-        W, E, EV, G, total = buf["W"], buf["E"], buf["EV"], buf["G"], buf["total"]
+        W, E, G, total = buf["W"], buf["E"], buf["G"], buf["total"]
         raw = self.raw_exp2 and Z.device.type == "cpu"
         while True:
-            torch.bmm(U, buf["Zt"], out=W)  # scores (log2 units) and values (B,2Ht,n), then in place:
+            torch.bmm(U, buf["Zt"], out=W)  # scores (log2 units) and values (B,(1+T)Ht,n), then in place:
             if raw:  # the weights E and E v
                 E.exp2_()
             else:
                 E.sub_(E.amax(-1, keepdim=True)).exp2_()
-            EV.mul_(E)
-            torch.bmm(buf["Z1t"], buf["Wt"], out=G)  # (B,D+1,2Ht); total: sum_i E_i
+            if self.T == 1:
+                buf["EV"].mul_(E)
+            else:  # one output at a time (a broadcast over the outputs' axis is ~3x slower)
+                for EV in buf["EVs"]:
+                    EV.mul_(E)
+            torch.bmm(buf["Z1t"], buf["Wt"], out=G)  # (B,D+1,(1+T)Ht); total: sum_i E_i
             if not raw:
-                break
+                return buf
             lo, hi = torch.aminmax(total)
             if self._RAW_RANGE[0] <= float(lo) and float(hi) <= self._RAW_RANGE[1]:
-                break
+                return buf
             raw = False
-        G1, G2 = buf["G1"], buf["G2"]  # (B,D,Ht): sum_i E_i z_i, sum_i E_i v_i z_i
+
+    def _softmax_grads(self, Z, xq, yq, loss_out):
+        """Loss, dL/dP and dL/dKQx of softmax heads from the sums of one pass
+        (:meth:`_softmax_sums`); small tensors are laid out (B, D, Ht) throughout. With T outputs
+        the gradient of the scores' side is sum_t gn_t (sum_i E_i v_ti z_i - yh_t sum_i E_i z_i):
+        the per-output sums come from the same product, so no second pass over (B,Ht,n)."""
+        B, n, D = Z.shape
+        Ht, d, T = self.Ht, self.d, self.T
+        buf = self._softmax_sums(Z, xq)
+        G1, total = buf["G1"], buf["total"]  # (B,D,Ht): sum_i E_i z_i; (B,Ht): sum_i E_i
         norm = total.reciprocal()  # (B,Ht)
+        if T > 1:
+            return self._softmax_grads_outputs(buf, xq, yq, loss_out, norm)
+        G2 = buf["G2"]  # (B,D,Ht): sum_i E_i v_i z_i
         yh = buf["ysum"] * norm  # head outputs
         err = self._sum_heads(yh) - yq.view(B, 1)  # (B,K)
         loss = err.square().mean(0)  # (mean with out= costs ~5 us more than mean and copy_)
@@ -471,6 +490,26 @@ class _Attention(Ensemble):
         dOV = (G1 * gn).sum(0).T.unsqueeze(1).mul_(self._const(2 / B, xq))  # (Ht,1,D)
         dKQx = (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0).mul_(self._const(2 / (B * math.sqrt(D)), xq))
         return loss, dOV, dKQx
+
+    def _softmax_grads_outputs(self, buf, xq, yq, loss_out, norm):
+        """The tail of :meth:`_softmax_grads` for T > 1 outputs (chapter 6's two-output heads)."""
+        B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
+        yh = buf["ysumt"] * norm.unsqueeze(-1)  # (B,Ht,T) head outputs
+        err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
+        loss = err.square().mean((0, 2))
+        loss = loss if loss_out is None else loss_out.copy_(loss)
+        gn = self._spread(err) * norm.unsqueeze(-1)  # (B,Ht,T): dL/dyh (up to 2/(B T)) times norm
+        # dL/du up to 2/(B T): sum_t gn_t (G2_t - yh_t G1), G2_t = sum_i E_i v_ti z_i; one output at
+        # a time (a reduction over the short outputs' axis, or an einsum, is 2-3x slower)
+        G1, G2s, gns = buf["G1"], buf["G2s"], gn.unsqueeze(1).unbind(-1)  # gns[t]: (B,1,Ht)
+        gU = torch.mul(G2s[0], gns[0])  # (B,D,Ht)
+        for t in range(1, T):
+            gU.addcmul_(G2s[t], gns[t])
+        gU.addcmul_(G1, (gn * yh).sum(-1).unsqueeze(1), value=-1)
+        dOV = torch.stack([(G1 * g).sum(0) for g in gns]).permute(2, 0, 1)  # (Ht,T,D)
+        dOV = dOV.mul_(self._const(2 / (B * T), xq))
+        dKQx = (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0)
+        return loss, dOV, dKQx.mul_(self._const(2 / (B * T * math.sqrt(D)), xq))
 
 
 @register

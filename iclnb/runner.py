@@ -241,7 +241,8 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
 
     ``preset``: run with one of the chapter's presets (overrides still win): ``"smoke"`` (tiny
     parameters, claims not enforced; ``smoke=True`` is the same) or ``"paper"`` (the paper's
-    scale). The partial notebook of a failed run is kept at ``output``. ``progress``: log the
+    scale). ``output``: the executed notebook's path, or an existing folder to put
+    ``NN_name.ipynb`` into. The partial notebook of a failed run is kept at ``output``. ``progress``: log the
     running cell and the training inside it while the chapter runs (``iclnb.progress``).
     Chapters run one at a time in a process (their kernels inherit its environment); run
     chapters in parallel in separate processes (``iclnb sweep`` does).
@@ -263,6 +264,8 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
     if preset == "smoke":
         params["enforce_claims"] = False
     output = Path(output or CHAPTERS_OUT / f"{chapter.slug}.ipynb").resolve()
+    if output.is_dir():  # a folder: the chapter's notebook goes into it
+        output = output / f"{chapter.slug}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
     cpath = claims_path(output)
     cpath.unlink(missing_ok=True)

@@ -88,13 +88,14 @@ def test_shared_prompts_outputs_and_gradients(name, mk, nk, T):
     torch.testing.assert_close(m.flat.grad, autograd, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("scale,dtype", [(3.0, torch.float32), (40.0, torch.float32), (40.0, F64)])
-def test_softmax_raw_weights_and_their_fallback(scale, dtype):
+def test_softmax_raw_weights_and_their_fallback(scale, dtype, T):
     """The softmax step takes exp2 of the raw scores on the CPU and redoes a batch with the row
     maximum subtracted when a sum of weights leaves its safe range (scale 40: scores of hundreds):
     both equal autograd through the forward, which always subtracts the maximum."""
-    m = _model("softmax", {}, scale=scale).to(dtype)
-    Z, xq, yq = (t.to(dtype) for t in _prompts((7,)))
+    m = _model("softmax", {}, scale=scale, T=T).to(dtype)
+    Z, xq, yq = (t.to(dtype) for t in _prompts((7,), T=T))
     S = torch.einsum("bnd,hde,be->bhn", Z, m.circuits()[0][:, :, :3], xq) * math.log2(math.e)
     assert (S.abs().amax() > 200) == (scale > 10)  # the large scale leaves the raw range
     m.member_losses(m.predict(Z, xq), yq).sum().backward()

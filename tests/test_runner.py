@@ -30,6 +30,11 @@ def test_defaults_pass_and_write_claims(chapter, tmp_path):
     assert "1 passed, 0 failed" in r.summary()
 
 
+def test_output_may_be_a_folder(chapter, tmp_path):
+    r = runner.run_chapter(chapter, output=tmp_path, log=lambda *_: None)
+    assert r.ok and r.output == (tmp_path / "98_synthetic.ipynb").resolve() and r.output.is_file()
+
+
 def test_failed_claim_is_enforced_at_defaults_but_not_in_smoke(chapter, tmp_path):
     r = run(chapter, tmp_path, {"n": "3"})
     assert not r.ok and not r.error and r.claims_failed == 1 and "CLAIMS FAILED" in r.summary()
