@@ -4,7 +4,9 @@ Any registered model (``iclnb.models.MODELS``) on any registered task (``iclnb.t
 Data: fresh prompts every step from the task's sampler, with a generator (on the training
 device) seeded by ``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
 across head counts), or, with per-member task parameters, each member draws its own prompts
-from its own task (``derive_seed(seed, "data", k)``). Init: member k from ``init_seeds[k]``
+from its own task (``derive_seed(seed, "data", k)``); on the CPU the next batches are drawn
+in a second thread while a step trains (``iclnb.util.Prefetch``, ``$ICLNB_PREFETCH``; the same
+numbers). Init: member k from ``init_seeds[k]``
 (default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
 is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
