@@ -368,10 +368,7 @@ class _Attention(Ensemble):
                 G2 = G2 - (G1 if self.exp_kernel else _token_sum(dphi, Zt)) * yh
             G2 = G2.mul_(gn)  # dL/du up to the constant factor
         else:
-            err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
-            loss = err.square().mean((0, 2))
-            loss = loss if loss_out is None else loss_out.copy_(loss)
-            gn = self._spread(err) * norm  # (B,Ht,T)
+            loss, gn = self._outputs_loss(yh, yq, norm, loss_out)  # gn (B,Ht,T)
             A2 = torch.mul(V[:, :, 0], gn[..., :1])  # w_i = sum_t gn_t v_ti (B,Ht,n), one output at a time:
             for t in range(1, T):  # no (B,Ht,T,n) temporary (2.6x faster at chapter 6's two outputs)
                 A2 += V[:, :, t] * gn[..., t : t + 1]
@@ -426,12 +423,12 @@ class _Attention(Ensemble):
             Z1t = Z1.transpose(1, 2)
             buf = self.__dict__["_step_buf"] = {
                 "key": key, "Z": Z1[..., :D], "Z1t": Z1t, "Zt": Z1t[:, :D], "W": W, "Wt": W.transpose(1, 2),
-                "E": W[:, :Ht], "EV": W[:, Ht:], "G": G, "G1": G[:, :D, :Ht], "G2": G[:, :D, Ht:],
+                "E": W[:, :Ht], "G": G, "G1": G[:, :D, :Ht], "G2": G[:, :D, Ht:],
                 "total": G[:, D, :Ht], "ysum": G[:, D, Ht:]}
-            if T > 1:  # per output t: the value rows E v_t (B,Ht,n) and their token sums (B,D,Ht)
-                EVt, G2t = W[:, Ht:].view(B, Ht, T, n), G[:, :D, Ht:].view(B, D, Ht, T)
-                buf.update(EVs=[EVt[:, :, t] for t in range(T)], G2s=[G2t[..., t] for t in range(T)],
-                           ysumt=G[:, D, Ht:].view(B, Ht, T))
+            # per output t: the value rows E v_t (B,Ht,n) and their token sums (B,D,Ht)
+            EVt, G2t = W[:, Ht:].view(B, Ht, T, n), G[:, :D, Ht:].view(B, D, Ht, T)
+            buf.update(EVs=[EVt[:, :, t] for t in range(T)], G2s=[G2t[..., t] for t in range(T)],
+                       ysumt=G[:, D, Ht:].view(B, Ht, T))
         return buf
 
     def _softmax_sums(self, Z, xq):
@@ -454,11 +451,8 @@ class _Attention(Ensemble):
                 E.exp2_()
             else:
                 E.sub_(E.amax(-1, keepdim=True)).exp2_()
-            if self.T == 1:
-                buf["EV"].mul_(E)
-            else:  # one output at a time (a broadcast over the outputs' axis is ~3x slower)
-                for EV in buf["EVs"]:
-                    EV.mul_(E)
+            for EV in buf["EVs"]:  # one output at a time (a broadcast over the outputs' axis is ~3x slower)
+                EV.mul_(E)
             torch.bmm(buf["Z1t"], buf["Wt"], out=G)  # (B,D+1,(1+T)Ht); total: sum_i E_i
             if not raw:
                 return buf
@@ -472,12 +466,11 @@ class _Attention(Ensemble):
         (:meth:`_softmax_sums`); small tensors are laid out (B, D, Ht) throughout. With T outputs
         the gradient of the scores' side is sum_t gn_t (sum_i E_i v_ti z_i - yh_t sum_i E_i z_i):
         the per-output sums come from the same product, so no second pass over (B,Ht,n)."""
-        B, n, D = Z.shape
-        Ht, d, T = self.Ht, self.d, self.T
+        B, D = Z.shape[0], self.D
         buf = self._softmax_sums(Z, xq)
         G1, total = buf["G1"], buf["total"]  # (B,D,Ht): sum_i E_i z_i; (B,Ht): sum_i E_i
         norm = total.reciprocal()  # (B,Ht)
-        if T > 1:
+        if self.T > 1:
             return self._softmax_grads_outputs(buf, xq, yq, loss_out, norm)
         G2 = buf["G2"]  # (B,D,Ht): sum_i E_i v_i z_i
         yh = buf["ysum"] * norm  # head outputs
@@ -488,17 +481,14 @@ class _Attention(Ensemble):
         # dL/du up to 2/B: sum_i p_i (v_i - yh) z_i gn = (G2 - yh G1) gn
         gU = torch.addcmul(G2, G1, yh.unsqueeze(1), value=-1).mul_(gn)  # (B,D,Ht)
         dOV = (G1 * gn).sum(0).T.unsqueeze(1).mul_(self._const(2 / B, xq))  # (Ht,1,D)
-        dKQx = (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0).mul_(self._const(2 / (B * math.sqrt(D)), xq))
-        return loss, dOV, dKQx
+        return loss, dOV, self._dKQx(xq, gU, 2 / (B * math.sqrt(D)))
 
     def _softmax_grads_outputs(self, buf, xq, yq, loss_out, norm):
         """The tail of :meth:`_softmax_grads` for T > 1 outputs (chapter 6's two-output heads)."""
-        B, d, D, Ht, T = xq.shape[0], self.d, self.D, self.Ht, self.T
-        yh = buf["ysumt"] * norm.unsqueeze(-1)  # (B,Ht,T) head outputs
-        err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
-        loss = err.square().mean((0, 2))
-        loss = loss if loss_out is None else loss_out.copy_(loss)
-        gn = self._spread(err) * norm.unsqueeze(-1)  # (B,Ht,T): dL/dyh (up to 2/(B T)) times norm
+        B, D, T = xq.shape[0], self.D, self.T
+        norm = norm.unsqueeze(-1)  # (B,Ht,1)
+        yh = buf["ysumt"] * norm  # (B,Ht,T) head outputs
+        loss, gn = self._outputs_loss(yh, yq, norm, loss_out)
         # dL/du up to 2/(B T): sum_t gn_t (G2_t - yh_t G1), G2_t = sum_i E_i v_ti z_i; one output at
         # a time (a reduction over the short outputs' axis, or an einsum, is 2-3x slower)
         G1, G2s, gns = buf["G1"], buf["G2s"], gn.unsqueeze(1).unbind(-1)  # gns[t]: (B,1,Ht)
@@ -508,8 +498,21 @@ class _Attention(Ensemble):
         gU.addcmul_(G1, (gn * yh).sum(-1).unsqueeze(1), value=-1)
         dOV = torch.stack([(G1 * g).sum(0) for g in gns]).permute(2, 0, 1)  # (Ht,T,D)
         dOV = dOV.mul_(self._const(2 / (B * T), xq))
-        dKQx = (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0)
-        return loss, dOV, dKQx.mul_(self._const(2 / (B * T * math.sqrt(D)), xq))
+        return loss, dOV, self._dKQx(xq, gU, 2 / (B * T * math.sqrt(D)))
+
+    def _outputs_loss(self, yh, yq, norm, loss_out):
+        """T > 1 outputs: the member losses (K,) (written into ``loss_out`` when given) and gn,
+        dL/dyh (up to 2/(B T)) times ``norm`` (B,Ht,1), from head outputs yh (B,Ht,T) and yq (B,T)."""
+        B, T = yh.shape[0], self.T
+        err = self._sum_heads(yh) - yq.view(B, 1, T)  # (B,K,T)
+        loss = err.square().mean((0, 2))
+        loss = loss if loss_out is None else loss_out.copy_(loss)
+        return loss, self._spread(err) * norm
+
+    def _dKQx(self, xq, gU, scale: float):
+        """dL/dKQx (Ht,D,d) from dL/du laid out (B,D,Ht), times ``scale``: u = KQx x_q."""
+        B, d, D, Ht = xq.shape[0], self.d, self.D, self.Ht
+        return (xq.T @ gU.view(B, D * Ht)).view(d, D, Ht).permute(2, 1, 0).mul_(self._const(scale, xq))
 
 
 @register
