@@ -12,7 +12,7 @@ H in {1, 2, 3, 4, 8}. Implementations:
   at the query, torch.optim.Adam.
 * paper: the authors' public code style (one model at a time, nn.Linear projections, but only
   the query row attends: q from z_q, keys/values from the context), torch.optim.Adam.
-* engine: ``iclnb.train.train`` with one model per H, and the ensemble of all five head counts
+* engine: ``iclnb.engine.train.train`` with one model per H, and the ensemble of all five head counts
   in one program (logging every 100 steps included); also five H=8 members, which is what the
   ensemble would cost if members were padded to the largest head count, and chapter 2's
   ensemble (every head count, three initialisations: 15 members, 54 heads). On a GPU the engine
@@ -58,9 +58,9 @@ from pathlib import Path
 
 import torch
 
-from iclnb.tasks import LipschitzRegression
-from iclnb.train import EagerTraining, TrainConfig, train
-from iclnb.util import keep_freed_memory, resolve_device
+from iclnb.engine.tasks import LipschitzRegression
+from iclnb.engine.train import EagerTraining, TrainConfig, train
+from iclnb.engine.util import keep_freed_memory, resolve_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from naive import NaiveAttention, NaiveKernel  # noqa: E402  (the tests' naive references: one copy)

@@ -6,7 +6,7 @@
 
 The library at ``--ref`` is taken from git (``git archive REF iclnb``) into a temporary folder and
 imported there by a worker process; a second worker imports the working tree's. Both train the
-same configs (``iclnb.train.train`` at the benchmark setting: d=5, n=40, batch 256, sigma^2=0.1,
+same configs (``iclnb.engine.train.train`` at the benchmark setting: d=5, n=40, batch 256, sigma^2=0.1,
 one thread, no cache, logging every 100 steps included; and chapter 6's two-output ensemble at its
 setting, d=6, n=48), and the parent lets them take turns,
 one at a time, round after round, so that whatever load the machine has hits both alike. Load
@@ -64,8 +64,8 @@ def worker(root: str) -> None:
     import torch
 
     import iclnb
-    from iclnb.train import TrainConfig, train
-    from iclnb.util import keep_freed_memory
+    from iclnb.engine.train import TrainConfig, train
+    from iclnb.engine.util import keep_freed_memory
 
     assert Path(iclnb.__file__).resolve().is_relative_to(Path(root).resolve()), iclnb.__file__
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@
 
 One training step (sample a batch, the hand-derived loss and gradient, fused Adam) of a
 ``softmax`` ensemble at the paper's setting (d=5, n=40, batch 256), timed on the engine's own
-block path (``iclnb.train._Blocks``, what a CUDA graph captures), per step, best of a few
+block path (``iclnb.engine.train._Blocks``, what a CUDA graph captures), per step, best of a few
 interleaved rounds. The arithmetic of a step is proportional to the number of heads Ht = K H,
 so "us per head" stays flat where nothing grows faster than the arithmetic. Next to it, the
 member selector alone at the same shapes: summing heads into members and spreading members'
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from iclnb.train import TrainConfig, _Blocks, build_model, make_optimizer, prompt_stream
-from iclnb.util import keep_freed_memory, resolve_device
+from iclnb.engine.train import TrainConfig, _Blocks, build_model, make_optimizer, prompt_stream
+from iclnb.engine.util import keep_freed_memory, resolve_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import measure  # noqa: E402  (one timing loop for the benchmarks)

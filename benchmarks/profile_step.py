@@ -3,7 +3,7 @@
     python benchmarks/profile_step.py                      # the five-model ensemble, heads 1 2 3 4 8
     python benchmarks/profile_step.py --heads 1 2 3 4 8 1 2 3 4 8 1 2 3 4 8   # chapter 2's 54 heads
 
-The step is ``iclnb.train``'s own (sample a batch, ``loss_and_grad``, Adam) at the benchmark's
+The step is ``iclnb.engine.train``'s own (sample a batch, ``loss_and_grad``, Adam) at the benchmark's
 setting (d=5, n=40, batch 256, one thread). Every aten op it dispatches is timed alone with
 ``time.perf_counter`` around the op (a ``TorchDispatchMode``), and grouped by the line of the
 library that called it. torch.profiler is not used for this: on this CPU it inflates the MKL
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from iclnb.train import TrainConfig, build_model, make_optimizer, prompt_stream
-from iclnb.util import keep_freed_memory
+from iclnb.engine.train import TrainConfig, build_model, make_optimizer, prompt_stream
+from iclnb.engine.util import keep_freed_memory
 
 LIBRARY = str(Path(__file__).resolve().parents[1] / "iclnb")
 

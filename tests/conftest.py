@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from iclnb import runner
+from iclnb.bookkit import runner
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -73,7 +73,7 @@ enforce_claims = True  # raise when a claim fails
 ```
 
 ```{code-cell} ipython3
-from iclnb.claims import Claims
+from iclnb.bookkit.claims import Claims
 claims = Claims("98_synthetic", enforce=enforce_claims)
 if fail_at == "cell":
     raise RuntimeError("boom")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from naive import NAIVE_PHI, NaiveAttention
 
-from iclnb import circuits as C
-from iclnb.models import MODELS
+from iclnb.analysis import circuits as C
+from iclnb.engine.models import MODELS
 
 F64 = torch.float64
 FAMILY_NAMES = [C.family_activation(f, a) for f in C.FAMILIES for a in C.FAMILY_VALUES]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from iclnb import runner
+from iclnb.bookkit import runner
 
 ROOT = runner.ROOT
 GENERATED = {"book/reproducibility"}  # written by `iclnb book`

@@ -43,8 +43,8 @@ def test_two_row_construction_matches_its_closed_form():
 
     import torch
 
-    from iclnb import shift_bounds as sb
-    from iclnb import softmax_regression as sr
+    from iclnb.chapters import ch01_bounds as sb
+    from iclnb.chapters import ch01_regression as sr
 
     for n, R in ((10, 4.0), (1000, 4.0), (30, 6.0)):
         for kind in ("x", "A"):

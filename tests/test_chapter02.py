@@ -27,7 +27,7 @@ def test_chapter02_smoke(smoke_run):
 def test_metrics_of_heads_keeps_the_given_classes():
     import numpy as np
 
-    from iclnb import circuits
+    from iclnb.analysis import circuits
 
     d = 3
     kq = np.zeros((3, d + 1, d + 1))
@@ -48,8 +48,8 @@ def test_authors_omega_factor_and_gd_retuned():
 
     import torch
 
-    from iclnb import circuits
-    from iclnb import predictors as pr
+    from iclnb.analysis import circuits
+    from iclnb.analysis import predictors as pr
 
     assert abs(circuits.authors_omega_factor(5) - math.sqrt(6 / 7)) < 1e-15
     X, y, xq = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64), \

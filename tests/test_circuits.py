@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb import circuits as C
-from iclnb.plotting import plot_circuits
-from iclnb.predictors import kernel_sum_predict
+from iclnb.analysis import circuits as C
+from iclnb.analysis.predictors import kernel_sum_predict
+from iclnb.bookkit.plotting import plot_circuits
 
 
 def build_model(kq_blocks, ov_vecs, seed=0):
@@ -43,7 +43,7 @@ def pattern_model(omega, mu, d, junk_last_column=True, seed=0):
 
 
 def direct_predict(w, X, y, xq):
-    """The model's definition, written independently of iclnb.circuits."""
+    """The model's definition, written independently of iclnb.analysis.circuits."""
     D = w["WQ"].shape[-1]
     Z = torch.cat([X, y[..., None]], -1)  # (B,n,D)
     zq = torch.cat([xq, torch.zeros_like(xq[:, :1])], -1)
@@ -228,7 +228,7 @@ ENGINE = [("softmax", {}, "softmax"), ("normalized", {"activation": "relu"}, "re
 @pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("name,mk,activation", ENGINE, ids=[e[2] for e in ENGINE])
 def test_forward_from_circuits_is_the_model(name, mk, activation, T):
-    from iclnb.models import MODELS
+    from iclnb.engine.models import MODELS
 
     d, heads = 3, [2, 3]
     m = MODELS[name](d=d, heads=heads, outputs=T, seeds=[1, 2], device="cpu", dtype=torch.float64, **mk)
@@ -276,7 +276,7 @@ def test_two_outputs_omega_mu_metrics_classes_and_plot():
 
 
 def test_relu_normaliser_when_every_score_is_negative():
-    from iclnb.models import MODELS
+    from iclnb.engine.models import MODELS
 
     S = torch.tensor([[-1.0, -2.0, -0.5], [1.0, -1.0, 3.0]], dtype=torch.float64)
     p = C.attention(S, "relu")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.claims import Claims, ClaimsFailed, scorecard_rows
+from iclnb.bookkit.claims import Claims, ClaimsFailed, scorecard_rows
 
 NULL = dict(null="a simpler explanation", basis="theory")
 

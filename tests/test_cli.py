@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from iclnb import runner
-from iclnb.__main__ import main
+from iclnb.bookkit import runner
+from iclnb.bookkit.cli import main
 
 FIRST = runner.chapters()[0]
 

@@ -1,4 +1,4 @@
-"""The approximate loss, its gradient flow and the stage-detection rules (iclnb.dynamics).
+"""The approximate loss, its gradient flow and the stage-detection rules (iclnb.chapters.ch03_stages).
 
 Reference numbers: He, Pan, Chen and Yang (2025), section 4 and appendix B, at d = 5, n = 40,
 sigma^2 = 0.1, re-derived and integrated independently (Euler, dt = 0.01) before this module
@@ -12,10 +12,10 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from iclnb import dynamics as dyn
-from iclnb.circuits import circuit_metrics, classify_heads
-from iclnb.predictors import debiased_gd_optimal_step, kernel_sum_predict, mc_risk
-from iclnb.tasks import LinearRegression
+from iclnb.analysis.circuits import circuit_metrics, classify_heads
+from iclnb.analysis.predictors import debiased_gd_optimal_step, kernel_sum_predict, mc_risk
+from iclnb.chapters import ch03_stages as dyn
+from iclnb.engine.tasks import LinearRegression
 
 N, D, S2 = 40, 5, 0.1
 C = (1 + S2) / N

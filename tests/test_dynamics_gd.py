@@ -1,10 +1,10 @@
-"""Chapter 3's plain-GD tools in iclnb.dynamics: the flow without its exp term, the sup distance
+"""Chapter 3's plain-GD tools in iclnb.chapters.ch03_stages: the flow without its exp term, the sup distance
 of trajectories, the GD clock and Stage I timing against the flow."""
 
 import numpy as np
 import pytest
 
-from iclnb import dynamics as dyn
+from iclnb.chapters import ch03_stages as dyn
 
 
 def test_null_flow_is_the_flow_with_c_zero():

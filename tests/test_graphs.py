@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from iclnb import train as engine
-from iclnb.train import TrainConfig, _Blocks, _fit, build_model, prompt_stream
+from iclnb.engine import train as engine
+from iclnb.engine.train import TrainConfig, _Blocks, _fit, build_model, prompt_stream
 
 TINY = dict(d=3, n=6, batch=16, steps=47, log_every=10, lr=1e-2, device="cpu", dtype="float64")
 
@@ -197,7 +197,7 @@ def test_cpu_equals_cuda_in_float64(case):
 
 
 def test_the_reproducibility_page_says_how_runs_trained():
-    from iclnb import runner
+    from iclnb.bookkit import runner
 
     assert runner.RUNS_ENV == engine.RUNS_ENV
     assert runner._training_words([]) == "It trained no model through the engine."

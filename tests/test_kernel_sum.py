@@ -1,12 +1,12 @@
 """The ``kernel_sum`` model (per-head omega_h, mu_h as parameters) against a naive loop and
-``iclnb.predictors.kernel_sum_predict``, for shared and per-member prompts, with autograd."""
+``iclnb.analysis.predictors.kernel_sum_predict``, for shared and per-member prompts, with autograd."""
 
 import math
 
 import torch
 
-from iclnb.models import MODELS
-from iclnb.predictors import kernel_sum_predict
+from iclnb.analysis.predictors import kernel_sum_predict
+from iclnb.engine.models import MODELS
 
 F64 = torch.float64
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from naive import KERNEL_CASES, NaiveKernel
 
-from iclnb import circuits
-from iclnb import lipschitz as lp
-from iclnb.models import MODELS
-from iclnb.predictors import mc_risk
-from iclnb.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
-from iclnb.train import TrainConfig, train
-from iclnb.util import power_law_fit, rank_correlation
+from iclnb.analysis import circuits
+from iclnb.analysis.predictors import mc_risk
+from iclnb.chapters import ch04_lipschitz as lp
+from iclnb.engine.models import MODELS
+from iclnb.engine.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
+from iclnb.engine.train import TrainConfig, train
+from iclnb.engine.util import power_law_fit, rank_correlation
 
 F64 = torch.float64
 KCASES = [(name, mk, nk) for name, cases in KERNEL_CASES.items() for mk, nk in cases]

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb import circuits
-from iclnb import predictors as pr
-from iclnb.models import MODELS
-from iclnb.tasks import LipschitzRegression, random_subspace
+from iclnb.analysis import circuits
+from iclnb.analysis import predictors as pr
+from iclnb.engine.models import MODELS
+from iclnb.engine.tasks import LipschitzRegression, random_subspace
 
 F64 = torch.float64
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from naive import KERNEL_CASES, NAIVE_PHI, NaiveAttention
 
-import iclnb.train  # noqa: F401  (imports every module that registers a model: MODELS is complete)
-from iclnb.models import ACTIVATIONS, MODELS, SoftmaxAttention
+import iclnb.engine.train  # noqa: F401  (imports every module that registers a model: MODELS is complete)
+from iclnb.engine.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
 # attention model name -> [(model kwargs, naive kwargs)]; a new model must add its case here, or

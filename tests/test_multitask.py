@@ -8,11 +8,11 @@ import pytest
 import torch
 from naive import NaiveAttention
 
-from iclnb import circuits
-from iclnb import predictors as pr
-from iclnb import superposition as sp
-from iclnb.models import SoftmaxAttention
-from iclnb.tasks import MultiTaskRegression, default_supports, make_task
+from iclnb.analysis import circuits
+from iclnb.analysis import predictors as pr
+from iclnb.chapters import ch06_superposition as sp
+from iclnb.engine.models import SoftmaxAttention
+from iclnb.engine.tasks import MultiTaskRegression, default_supports, make_task
 
 F64 = torch.float64
 

@@ -1,12 +1,12 @@
-"""The real-browser page check (iclnb.pagecheck): tiny pages, each with one defect planted, and a clean one."""
+"""The real-browser page check (iclnb.bookkit.pagecheck): tiny pages, each with one defect planted, and a clean one."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
 
-from iclnb import pagecheck
-from iclnb.__main__ import main
+from iclnb.bookkit import pagecheck
+from iclnb.bookkit.cli import main
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGM8ISfHwMDAxMDAwMDAAAANBAEIfXHKZgAAAABJRU5ErkJggg=="
 

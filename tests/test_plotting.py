@@ -1,6 +1,6 @@
-"""Table helpers of iclnb.plotting."""
+"""Table helpers of iclnb.bookkit.plotting."""
 
-from iclnb.plotting import group_rows, markdown_table
+from iclnb.bookkit.plotting import group_rows, markdown_table
 
 
 def test_markdown_table():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb import predictors as P
-from iclnb.tasks import kms_covariance, make_task
-from iclnb.util import generator
+from iclnb.analysis import predictors as P
+from iclnb.engine.tasks import kms_covariance, make_task
+from iclnb.engine.util import generator
 
 d, n, S2 = 4, 12, 0.1
 

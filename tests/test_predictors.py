@@ -1,7 +1,7 @@
 """Closed-form predictors against their exact risks and the reference numbers (Monte Carlo).
 
 Prompts are sampled here with plain torch (beta ~ N(0, I/d), x ~ N(0, I), noisy y and y_q) so
-the tests do not depend on iclnb.tasks. Tolerances are a few Monte Carlo standard errors plus the
+the tests do not depend on iclnb.engine.tasks. Tolerances are a few Monte Carlo standard errors plus the
 rounding of the reference numbers, as printed by He, Pan, Chen, Yang 2025 (arXiv 2503.12734) and
 the authors' public code (d = 5, n = 40, sigma^2 = 0.1).
 """
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb import predictors as P
-from iclnb.tasks import LinearRegression, Prompts
+from iclnb.analysis import predictors as P
+from iclnb.engine.tasks import LinearRegression, Prompts
 
 N, D, S2 = 40, 5, 0.1
 B = 100_000
@@ -179,7 +179,7 @@ def test_linearized_kernel_sum_is_the_first_order_expansion(prompts):
 def test_length_normalized_linear_attention_is_gd_at_every_length():
     """Linear attention with KQ = I and OV = eta e_last is GD at step eta n/n_train at length n;
     renormalised by 1/m it is GD at step eta at every length m."""
-    from iclnb.models import MODELS
+    from iclnb.engine.models import MODELS
 
     n_train, eta = 40, 0.7
     model = MODELS["linear"](d=D, n_train=n_train, device="cpu", dtype=torch.float64)
@@ -227,7 +227,7 @@ def test_kernel_and_baselines_are_the_named_predictors(prompts):
 
 def test_multi_output_labels_give_one_prediction_per_output():
     """Labels (B,n,T): each output is the single-output predictor on its own labels."""
-    from iclnb import predictors as P
+    from iclnb.analysis import predictors as P
 
     g = torch.Generator().manual_seed(5)
     X, xq = torch.randn(6, 9, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)

@@ -2,8 +2,8 @@
 
 import json
 
-from iclnb import progress
-from iclnb.train import TrainConfig, train
+from iclnb.bookkit import progress
+from iclnb.engine.train import TrainConfig, train
 
 
 def test_training_writes_its_progress(tmp_path, monkeypatch, fresh_cache):

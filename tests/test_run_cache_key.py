@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from iclnb import train as tr
+from iclnb.engine import train as tr
 
 
 def test_key_changes_with_the_source_of_a_run_module(tmp_path, monkeypatch):
@@ -14,8 +14,8 @@ def test_key_changes_with_the_source_of_a_run_module(tmp_path, monkeypatch):
     before, path = tr._canonical(cfg, cpu), tr.cache_path(cfg)
     assert set(tr._RUN_SOURCES) >= {"tasks", "models", "train"}
     edited = tmp_path / "tasks.py"
-    edited.write_bytes(open(sys.modules["iclnb.tasks"].__file__, "rb").read() + b"\n# an edit\n")
-    monkeypatch.setattr(sys.modules["iclnb.tasks"], "__file__", str(edited))
+    edited.write_bytes(open(sys.modules["iclnb.engine.tasks"].__file__, "rb").read() + b"\n# an edit\n")
+    monkeypatch.setattr(sys.modules["iclnb.engine.tasks"], "__file__", str(edited))
     monkeypatch.setattr(tr, "_SOURCE_HASH", None)
     assert tr._canonical(cfg, cpu) != before and tr.cache_path(cfg) != path
     monkeypatch.undo()

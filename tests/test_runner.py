@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from iclnb import runner
+from iclnb.bookkit import runner
 
 
 def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):

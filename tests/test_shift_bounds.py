@@ -1,11 +1,11 @@
-"""Unit tests of iclnb.shift_bounds (chapter 1's bounds, shift experiments and lemma audit). Fast, float64."""
+"""Unit tests of iclnb.chapters.ch01_bounds (chapter 1's bounds, shift experiments and lemma audit). Fast, float64."""
 
 import math
 
 import torch
 
-from iclnb import shift_bounds as sb
-from iclnb import softmax_regression as sr
+from iclnb.chapters import ch01_bounds as sb
+from iclnb.chapters import ch01_regression as sr
 
 
 def _inst(batch=6, n=30, d=5, R=2.0, seed=0, **kw):

@@ -1,4 +1,4 @@
-"""Unit tests of iclnb.softmax_regression (chapter 1's objects and in-context experiment).
+"""Unit tests of iclnb.chapters.ch01_regression (chapter 1's objects and in-context experiment).
 
 Fast, deterministic, float64."""
 
@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from iclnb import softmax_icl as si
-from iclnb import softmax_regression as sr
-from iclnb.tasks import SoftmaxRegression
-from iclnb.train import TrainConfig, build_model, select_best, train
+from iclnb.chapters import ch01_icl as si
+from iclnb.chapters import ch01_regression as sr
+from iclnb.engine.tasks import SoftmaxRegression
+from iclnb.engine.train import TrainConfig, build_model, select_best, train
 
 
 def _inst(batch=6, n=30, d=5, R=2.0, seed=0, **kw):
@@ -158,7 +158,7 @@ def test_gd_one_step_from_zero_formula():
     assert torch.allclose(y, (t["Aq"] @ x1.unsqueeze(-1)).squeeze(-1))
 
 def _model(d, seeds, name="softmax", **kw):
-    from iclnb.models import MODELS
+    from iclnb.engine.models import MODELS
 
     return MODELS[name](d, heads=[1] * len(seeds), seeds=list(seeds), device="cpu", dtype=torch.float64, **kw)
 

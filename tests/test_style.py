@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from iclnb import runner
+from iclnb.bookkit import runner
 
 ROOT = runner.ROOT
 LINTED = ("iclnb", "tests", "benchmarks")

@@ -6,8 +6,8 @@ import multiprocessing as mp
 
 import pytest
 
-from iclnb import runner, sweep
-from iclnb.__main__ import main
+from iclnb.bookkit import runner, sweep
+from iclnb.bookkit.cli import main
 
 
 def test_a_2x2_sweep_collects_one_table(chapter, tmp_path):
@@ -71,7 +71,7 @@ def _train_tiny(cache, out):
     import os
 
     os.environ["ICLNB_CACHE_DIR"] = cache
-    from iclnb.train import TrainConfig, train
+    from iclnb.engine.train import TrainConfig, train
 
     run = train(TrainConfig(heads=(1,), d=2, n=4, steps=300, batch=16, log_every=50, device="cpu"), progress=False)
     json.dump({"from_cache": run.from_cache, "flat": run.model.flat.tolist()}, open(out, "w"))

@@ -6,8 +6,8 @@ after a warm-up call (on CUDA that is a host-to-device copy, which a captured gr
 import pytest
 import torch
 
-import iclnb.train  # noqa: F401  (imports every module that registers a task: TASKS is complete)
-from iclnb.tasks import TASKS, Task, make_task, sample_members
+import iclnb.engine.train  # noqa: F401  (imports every module that registers a task: TASKS is complete)
+from iclnb.engine.tasks import TASKS, Task, make_task, sample_members
 
 D_, N_ = 3, 7
 # every registered task at its defaults, and the non-default paths of their samplers
@@ -62,7 +62,7 @@ def test_every_registered_task_is_covered():
 @pytest.mark.parametrize("name,params", CASES, ids=IDS)
 def test_no_tensor_from_host_data_after_warm_up(name, params, monkeypatch):
     """After one call, ``sample`` (and ``sample_many``) build no tensor from Python or numpy data:
-    constants come from ``iclnb.tasks.constant``, made during the warm-up (the CUDA-graph rule)."""
+    constants come from ``iclnb.engine.tasks.constant``, made during the warm-up (the CUDA-graph rule)."""
     t = make_task(name, D_, N_, **params)
     tasks = [t, t]
     t.sample(4, _gen(0))
@@ -81,8 +81,8 @@ def test_no_tensor_from_host_data_after_warm_up(name, params, monkeypatch):
 @pytest.mark.parametrize("name,params", CASES, ids=IDS)
 def test_sample_is_captured_in_a_cuda_graph(name, params):
     """On CUDA, a warmed-up ``sample_members`` is captured in a graph as the engine captures its
-    step (iclnb.train.cuda_graph_capture), and replays."""
-    from iclnb.train import cuda_graph_capture
+    step (iclnb.engine.train.cuda_graph_capture), and replays."""
+    from iclnb.engine.train import cuda_graph_capture
 
     t = make_task(name, D_, N_, **params)
     tasks = [t, t]

@@ -3,7 +3,15 @@ import math
 import pytest
 import torch
 
-from iclnb.tasks import TASKS, LinearRegression, Prompts, SoftmaxRegression, kms_covariance, make_task, sample_members
+from iclnb.engine.tasks import (
+    TASKS,
+    LinearRegression,
+    Prompts,
+    SoftmaxRegression,
+    kms_covariance,
+    make_task,
+    sample_members,
+)
 
 
 def _sample(seed=0, batch=4000, **kw):

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.tasks import LinearRegression
-from iclnb.train import TrainConfig, build_model, cache_path, prompt_stream, select_best, train
-from iclnb.util import generator
+from iclnb.engine.tasks import LinearRegression
+from iclnb.engine.train import TrainConfig, build_model, cache_path, prompt_stream, select_best, train
+from iclnb.engine.util import generator
 
 TINY = dict(d=3, n=6, batch=16, steps=25, log_every=10, lr=1e-2, device="cpu", dtype="float64")
 
@@ -33,7 +33,7 @@ def test_matches_autograd_and_torch_adam(captured):
     """The engine's steps equal a hand-written loop of autograd + torch.optim.Adam on the same
     data stream, over several logging blocks, whether the blocks run eagerly or through the
     capture path (blocks after the first replayed, with an eager stand-in for the CUDA graph)."""
-    from iclnb.train import _fit
+    from iclnb.engine.train import _fit
 
     cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})  # blocks of 10: 4 full, one of 7
     ref = build_model(cfg)
@@ -58,7 +58,7 @@ def test_matches_autograd_and_torch_adam(captured):
 
 def test_lean_adam_is_torch_fused_adam():
     """The CPU's lean Adam step makes the same numbers as torch's fused Adam, bit for bit."""
-    from iclnb.train import LeanAdam
+    from iclnb.engine.train import LeanAdam
 
     params, gen = [], torch.Generator().manual_seed(0)
     for cls in (torch.optim.Adam, LeanAdam):
@@ -216,7 +216,7 @@ def test_block_path_equals_the_eager_step(fail):
     cuda_graphs="fallback" it warns once and, restored to the state before the capture, trains
     exactly as the eager loop, even when the failed capture had changed parameters, the
     optimizer's state and the generators."""
-    from iclnb.train import CaptureFailed, EagerTraining, _fit
+    from iclnb.engine.train import CaptureFailed, EagerTraining, _fit
 
     cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})  # 4 full blocks of 10 and one of 7
     plain = build_model(cfg)
@@ -245,7 +245,7 @@ def test_block_path_equals_the_eager_step(fail):
 
 def test_short_run_warns_that_it_trains_eagerly():
     """Fewer than 2 x log_every steps leave no full block to replay: one warning, recorded."""
-    from iclnb.train import EagerTraining, _fit
+    from iclnb.engine.train import EagerTraining, _fit
 
     cfg = TrainConfig(heads=(1,), **{**TINY, "steps": 15})
     with pytest.warns(EagerTraining, match="fewer than 2 x log_every") as record:
@@ -257,7 +257,7 @@ def test_run_and_cache_entry_record_how_it_trained(tmp_path, monkeypatch):
     """Run.training (and the cache entry, and the $ICLNB_RUNS record) say how the run trained."""
     import json
 
-    from iclnb.train import RUNS_ENV
+    from iclnb.engine.train import RUNS_ENV
 
     monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs.jsonl"))
     cfg = TrainConfig(heads=(1, 2), **TINY)
@@ -274,7 +274,7 @@ def test_run_and_cache_entry_record_how_it_trained(tmp_path, monkeypatch):
 def test_nan_guard_reads_the_previous_block_after_the_next():
     """The deferred NaN guard: a loss that turns NaN in block b is reported (with its step) after
     block b + 1 has run, on the CPU as on CUDA; a NaN in the last block is still caught."""
-    from iclnb.train import _fit
+    from iclnb.engine.train import _fit
 
     cfg = TrainConfig(heads=(1, 2), **{**TINY, "steps": 47})
     for bad_step, blocks_run in ((13, 3), (45, 5)):

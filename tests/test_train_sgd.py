@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from iclnb.train import TrainConfig, build_model, prompt_stream, train
+from iclnb.engine.train import TrainConfig, build_model, prompt_stream, train
 
 
 def _cfg(**kw):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from iclnb.util import (
+from iclnb.engine.util import (
     Prefetch,
     check_int,
     check_ints,

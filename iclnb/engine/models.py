@@ -12,7 +12,7 @@ independent Adams (it is elementwise) and members never interact.
 
 Registered models: ``softmax`` (multi-head softmax attention), ``normalized`` (the same with
 another normalised activation p_i = phi(s_i) / sum_j phi(s_j), ``ACTIVATIONS`` of
-:mod:`iclnb.circuits`) and ``linear``
+:mod:`iclnb.analysis.circuits`) and ``linear``
 (linear attention), chapter 4's kernel units ``kernel`` and ``kernel_linear`` (one d x d
 matrix per member) and chapter 3's ``kernel_sum`` (the sum of kernel regressors, per-head omega_h
 and mu_h as its parameters). Tokens z_i = [x_i; y_i] in R^D, D = d + T; the query token is [x_q; 0].
@@ -33,8 +33,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .circuits import ACTIVATIONS, head_outputs, mu, normaliser, omega, proportional_error
-from .util import check, check_choice, check_int, check_ints, is_int, is_real, resolve_device, resolve_dtype, rowdot
+from iclnb.analysis.circuits import ACTIVATIONS, head_outputs, mu, normaliser, omega, proportional_error
+from iclnb.engine.util import (
+    check,
+    check_choice,
+    check_int,
+    check_ints,
+    is_int,
+    is_real,
+    resolve_device,
+    resolve_dtype,
+    rowdot,
+)
 
 MODELS: dict[str, type] = {}
 
@@ -160,7 +170,7 @@ class Ensemble(nn.Module):
     def forward(self, X, y, xq):
         """Predictions (K, B) (or (K, B, T)) from covariates X (..., B, n, d), labels y
         (..., B, n) or (..., B, n, T) and queries xq (..., B, d): the predictor interface of
-        :mod:`iclnb.predictors`."""
+        :mod:`iclnb.analysis.predictors`."""
         check("X", tuple(X.shape), X.dim() in (3, 4) and X.shape[-1] == self.d, f"shape (B, n, {self.d})")
         y = y.unsqueeze(-1) if y.dim() == X.dim() - 1 else y
         return self.predict(torch.cat([X, y], -1), xq)
@@ -255,7 +265,7 @@ class _Attention(Ensemble):
 
     def member_log(self, logs, k):
         """kq (steps,H,D,D), ov (steps,H,D[,T]); omega (steps,H) and mu ((steps,H), or
-        (steps,H,T)) as :func:`iclnb.circuits.omega` / :func:`iclnb.circuits.mu` read them."""
+        (steps,H,T)) as :func:`iclnb.analysis.circuits.omega` / :func:`iclnb.analysis.circuits.mu` read them."""
         sl, d = self.member_slice(k), self.d
         kq, ov = logs["kq"][:, sl].copy(), logs["ov"][:, sl].copy()
         return {"kq": kq, "ov": ov, "omega": omega(kq, d), "mu": mu(ov, d, self.T)}
@@ -312,7 +322,7 @@ class _Attention(Ensemble):
 
     def _predict_members(self, Z, xq):
         """Every member on its own prompts: Z (K,B,n,D), xq (K,B,d); plain autograd-able code (the
-        forward from circuits, :func:`iclnb.circuits.head_outputs`, with this model's kernel)."""
+        forward from circuits, :func:`iclnb.analysis.circuits.head_outputs`, with this model's kernel)."""
         KQ, OV = self.circuits()
         KQ = KQ * self.score_unit
 
@@ -600,7 +610,7 @@ class _KernelUnit(Ensemble):
     default) times ``init_scale`` (one number, or one per member), so Wm starts at init_scale^2
     times that product (a small init: init_scale well below 1); the direct form starts at the
     same matrix. Logs it ("M"), its scale w = trace / d and
-    :func:`iclnb.circuits.proportional_error` to w I ("iso")."""
+    :func:`iclnb.analysis.circuits.proportional_error` to w I ("iso")."""
 
     def __init__(self, d, heads=1, outputs=1, seeds=None, device="auto", dtype=torch.float32, factorized=True,
                  init_scale=1.0):
@@ -673,7 +683,7 @@ class KernelSum(Ensemble):
     """The sum of kernel regressors (He et al. 2025, eq. 3.2) with its 2H numbers as the
     parameters: prediction = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q) over the n
     context tokens (what chapter 2 reads off a trained softmax layer; the same function as
-    ``iclnb.predictors.kernel_sum_predict``). Trained by plain gradient descent with the engine's
+    ``iclnb.analysis.predictors.kernel_sum_predict``). Trained by plain gradient descent with the engine's
     MSE loss (no 1/2), a step of rate lr moves (omega, mu) as the gradient flow of L/2 does in
     time 2 lr, so a run at a small rate and a large batch traces the flow of the true loss.
 

@@ -24,7 +24,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 CHAPTERS_OUT = ROOT / "book" / "chapters"
 REPRO_PAGE = ROOT / "book" / "reproducibility.md"
@@ -186,7 +186,7 @@ class Result:
     error: str = ""  # which cell failed and why; empty on success
     claims: dict = field(default_factory=dict)
     preset: str = ""  # the preset the chapter ran with ("" for its defaults)
-    runs: list = field(default_factory=list)  # how its training runs trained (iclnb.train's $ICLNB_RUNS records)
+    runs: list = field(default_factory=list)  # how its training runs trained (iclnb.engine.train's $ICLNB_RUNS records)
 
     @property
     def claims_failed(self) -> int:
@@ -227,7 +227,7 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
-RUNS_ENV = "ICLNB_RUNS"  # iclnb.train.RUNS_ENV (not imported here: the runner starts without torch)
+RUNS_ENV = "ICLNB_RUNS"  # iclnb.engine.train.RUNS_ENV (not imported here: the runner starts without torch)
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
 # the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
 # every start (the kernel is local, started by papermill on the loopback interface); a reader of
@@ -243,7 +243,7 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     parameters, claims not enforced; ``smoke=True`` is the same) or ``"paper"`` (the paper's
     scale). ``output``: the executed notebook's path, or an existing folder to put
     ``NN_name.ipynb`` into. The partial notebook of a failed run is kept at ``output``. ``progress``: log the
-    running cell and the training inside it while the chapter runs (``iclnb.progress``).
+    running cell and the training inside it while the chapter runs (``iclnb.bookkit.progress``).
     Chapters run one at a time in a process (their kernels inherit its environment); run
     chapters in parallel in separate processes (``iclnb sweep`` does).
     """
@@ -254,7 +254,7 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
 def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Result:
     import papermill as pm
 
-    from .progress import ChapterMonitor
+    from iclnb.bookkit.progress import ChapterMonitor
 
     preset = "smoke" if smoke else (preset or "")
     if preset and preset not in chapter.presets:
@@ -305,7 +305,7 @@ def versions() -> dict:
     import numpy
     import torch
 
-    from . import __version__
+    from iclnb import __version__
 
     return {"iclnb": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
@@ -314,7 +314,7 @@ def versions() -> dict:
 
 def _device_words(device) -> str:
     """The device a chapter's ``device`` parameter resolved to on this machine, in words."""
-    from .util import describe_device
+    from iclnb.engine.util import describe_device
 
     try:
         return describe_device(device)
@@ -351,7 +351,7 @@ def _md_row(cells) -> str:
 def _scorecard(results: list[Result]) -> list[str]:
     """The book's scorecard: every seed claim in scope, per chapter, with the paper's value where
     it has one, ours, and reproduced / not reproduced / not attempted."""
-    from .claims import SCORECARD_HEADERS, scorecard_rows
+    from iclnb.bookkit.claims import SCORECARD_HEADERS, scorecard_rows
 
     rows = [row for r in results for row in scorecard_rows(r.chapter.title, r.claims)]
     if not rows:
@@ -399,7 +399,7 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
             lines += [f"**Error:** {r.error}", ""]
         rows = r.claims.get("claims", [])
         if rows:
-            from .claims import ClaimsTable
+            from iclnb.bookkit.claims import ClaimsTable
 
             lines += [_md_row(ClaimsTable.HEADERS), "|" + " --- |" * len(ClaimsTable.HEADERS)]
             lines += [_md_row(ClaimsTable._cells(c)) for c in rows]

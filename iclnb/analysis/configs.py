@@ -9,14 +9,14 @@ parameters, and ``tests/test_configs.py`` checks that the chapters' defaults agr
 
 from __future__ import annotations
 
-from .train import TrainConfig, head_grid
+from iclnb.engine.train import TrainConfig, head_grid
 
 
 def head_grid_config(heads, inits: int, *, d: int, n: int, sigma2: float, steps: int, batch: int,
                      lr: float, seed: int, log_every: int, device="auto",
                      model: str = "softmax") -> tuple[TrainConfig, list[int], list[int]]:
     """(config, head count of each member, initialisation index of each member) of the ensemble
-    of every H in ``heads`` times ``inits`` initialisations (:func:`iclnb.train.head_grid`:
+    of every H in ``heads`` times ``inits`` initialisations (:func:`iclnb.engine.train.head_grid`:
     init-major, initialisation i of every H from ``derive_seed(seed, "init", i)``), on
     ``linear_regression`` with noise variance ``sigma2``. Variants (other members, steps or
     logging, another model) are ``dataclasses.replace`` of the config."""

@@ -18,12 +18,12 @@ metrics (a learned window, a recovery error) are in the table beside the checks.
 
 Executors: a local process pool by default (``jobs`` workers, each training with
 ``cpu_count // jobs`` threads, and drawing training data ahead in a second thread only where
-``cpu_count >= 2 jobs``: ``iclnb.util.prefetch_enabled``), or a Dask distributed cluster
+``cpu_count >= 2 jobs``: ``iclnb.engine.util.prefetch_enabled``), or a Dask distributed cluster
 (``scheduler`` = its address, e.g. ``tcp://host:8786``; needs the ``dask`` extra). Dask workers
 must see the same files (the repository with the chapters, the output folder) and should run one
 task at a time (``--nthreads 1``); to share trained runs between workers, point them at one run
 cache on a shared file system (``ICLNB_CACHE_DIR``): its entries are written atomically and each is trained once
-under a lock (see ``iclnb.train``). HPC batch systems are reached the same way through
+under a lock (see ``iclnb.engine.train``). HPC batch systems are reached the same way through
 dask-jobqueue (e.g. a ``SLURMCluster``'s scheduler address).
 """
 
@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runner
-from .progress import _clock
+from iclnb.bookkit import runner
+from iclnb.bookkit.progress import _clock
 
 
 @dataclass(frozen=True)
@@ -286,7 +286,7 @@ def plot_metric(table, claim: str, x: str, by: str | None = None, ax=None, logx:
     parameter ``x``, one line per value of ``by``; ``table``: rows or a path to ``sweep.csv``."""
     import matplotlib.pyplot as plt
 
-    from .plotting import use_style
+    from iclnb.bookkit.plotting import use_style
 
     rows = read_table(table) if isinstance(table, (str, os.PathLike)) else table
     rows = [r for r in rows if r["claim"] == claim and isinstance(r["value"], (int, float))

@@ -12,7 +12,7 @@ The shift ``f(x') - f(x)`` is computed without cancellation even when f is satur
 (:func:`softmax_delta`). All functions are batched over leading dimensions, work in the dtype and
 on the device of their inputs (float64 recommended; the samplers return float64), and never call
 ``.item()`` on a batch. The bounds of Theorems 8.1/8.2, the shift experiments and the lemma audit
-are in :mod:`iclnb.shift_bounds`.
+are in :mod:`iclnb.chapters.ch01_bounds`.
 
 Instances meeting the assumptions (:func:`sample_instances`): ``A`` is a Gaussian matrix rescaled
 so that its spectral norm is exactly ``R``; ``x`` is uniform in the ball of radius ``R`` (or on its
@@ -22,7 +22,7 @@ stream, ``derive_seed(seed, name)``) and then move to ``device``, so the same se
 numbers on every device.
 
 In-context learning (Section 1.1's argument) is chapter 1's other half, in
-:mod:`iclnb.softmax_icl`.
+:mod:`iclnb.chapters.ch01_icl`.
 
 A note on the paper's text. Section 5.1 writes the update as ``x_{t+1} = x_t + eta g(x_t)`` with
 ``g = dL/dx``: that is gradient *ascent*. Descent is ``x_{t+1} = x_t - eta g(x_t)``
@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from .util import check, check_choice, check_int, check_real, generator, resolve_device
+from iclnb.engine.util import check, check_choice, check_int, check_real, generator, resolve_device
 
 SMALL_STEP = 0.01  # the paper's small-step condition: ||A (x_{t+1} - x_t)||_inf < 0.01
 
@@ -154,7 +154,7 @@ def softmax_delta(z: torch.Tensor, dz: torch.Tensor) -> torch.Tensor:
 
 # =========================================================================== instances
 def make_generator(seed: int | torch.Generator, *labels) -> torch.Generator:
-    """``seed`` itself if it is a ``torch.Generator``, else :func:`iclnb.util.generator` (seed,
+    """``seed`` itself if it is a ``torch.Generator``, else :func:`iclnb.engine.util.generator` (seed,
     *labels) on the CPU (each experiment names its own stream)."""
     return seed if isinstance(seed, torch.Generator) else generator(int(seed), *labels)
 

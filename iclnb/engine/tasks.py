@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import torch
 
-from .util import check, check_choice, check_int, check_real, derive_seed, is_real, resolve_device, rowdot
+from iclnb.engine.util import check, check_choice, check_int, check_real, derive_seed, is_real, resolve_device, rowdot
 
 TASKS: dict[str, type] = {}
 

@@ -1,8 +1,8 @@
 """Chapter 6's reading of multi-task attention: which head serves which task, and the mode of a run.
 
-A trained head h of a model on T tasks (``iclnb.tasks.MultiTaskRegression``) is described, as in
+A trained head h of a model on T tasks (``iclnb.engine.tasks.MultiTaskRegression``) is described, as in
 the paper's (5.8), by its per-coordinate KQ diagonal omega_h (d,) and its OV label weights mu_h
-(T,) (:func:`iclnb.circuits.omega` with ``per_coordinate=True``, :func:`iclnb.circuits.mu`).
+(T,) (:func:`iclnb.analysis.circuits.omega` with ``per_coordinate=True``, :func:`iclnb.analysis.circuits.mu`).
 Linearising the softmax, task t is predicted by debiased GD with the diagonal preconditioner
 Gamma_t = sum_h mu_ht omega_h (:func:`effective_preconditioner`) plus (sum_h mu_ht) y_bar_t.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import check, is_real
+from iclnb.engine.util import check, is_real
 
 MODES = ("I", "II", "III", "IV", "other")
 

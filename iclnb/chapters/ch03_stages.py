@@ -28,9 +28,9 @@ import torch
 from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
-from .circuits import classify_heads, diag_ratio
-from .tasks import LinearRegression
-from .util import check, check_int, check_real, check_regression
+from iclnb.analysis.circuits import classify_heads, diag_ratio
+from iclnb.engine.tasks import LinearRegression
+from iclnb.engine.util import check, check_int, check_real, check_regression
 
 __all__ = [
     "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
@@ -156,7 +156,7 @@ def manifold(omegas, n: int, d: int, sigma2: float) -> Manifold:
 
 def asymptotic_step(n: int, d: int, sigma2: float) -> float:
     """The manifold's step as omega -> 0: 1 / (1 + d (1 + sigma2) / n) (the paper's eta*; it equals the
-    exact finite-n optimum of debiased GD, ``iclnb.predictors.debiased_gd_optimal_step``)."""
+    exact finite-n optimum of debiased GD, ``iclnb.analysis.predictors.debiased_gd_optimal_step``)."""
     return 1.0 / (1.0 + d * _params(n, d, sigma2))
 
 
@@ -166,16 +166,16 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
     mu = (m, -m) at every w in ``omegas`` and m in ``mus``: an array (len(omegas), len(mus)), to set
     beside :func:`approx_loss` on the same grid.
 
-    The predictor is ``iclnb.predictors.kernel_sum_predict`` and the estimate
-    ``iclnb.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
+    The predictor is ``iclnb.analysis.predictors.kernel_sum_predict`` and the estimate
+    ``iclnb.analysis.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
     whole grid: common random numbers, so neighbouring grid points differ by little Monte Carlo
     noise. The prediction is linear in m, so each w costs one kernel-sum call (mu = (1, -1)),
     scaled by every m. With ``return_se`` also the standard errors (same shape). On CPU it runs
-    with the training engine's thread policy (``iclnb.util.cpu_threads``: one thread unless
+    with the training engine's thread policy (``iclnb.engine.util.cpu_threads``: one thread unless
     ``$ICLNB_THREADS`` says otherwise), which keeps it fast on shared cores.
     """
-    from .predictors import kernel_sum_predict, mc_risk
-    from .util import cpu_threads
+    from iclnb.analysis.predictors import kernel_sum_predict, mc_risk
+    from iclnb.engine.util import cpu_threads
 
     _params(n, d, sigma2)
     w = np.asarray(omegas, dtype=np.float64).ravel()
@@ -323,11 +323,11 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
     """The pattern metrics of section 4.2 over training, from omega (steps, H), mu (steps, H) and
     optionally KQ (steps, H, D, D).
 
-    A head is **live** when ``iclnb.circuits.classify_heads`` does not call it dummy (its
+    A head is **live** when ``iclnb.analysis.circuits.classify_heads`` does not call it dummy (its
     |omega_h mu_h| is at least ``dummy_frac`` of the largest head's), judged at each logged step
     (``live="step"``) or once at the last step for the whole history (``live="final"``: the
     paper's exclusion of the heads that end as dummies). The diag ratio
-    (:func:`iclnb.circuits.diag_ratio`) uses KQ[:d, :d] only, d = D - ``outputs`` (the last
+    (:func:`iclnb.analysis.circuits.diag_ratio`) uses KQ[:d, :d] only, d = D - ``outputs`` (the last
     columns multiply the query's always-zero label slots), as ``circuits.circuit_metrics``.
     With no live head the sign fraction, spread and diag ratio are NaN.
     """

@@ -7,10 +7,10 @@ the sphere, exp(w x_i^T x_q) is proportional to exp(-w |x_i - x_q|^2 / 2): a Gau
 bandwidth w^(-1/2), so w (the paper's w_KQ) is the inverse window size.
 
 The general pieces live in the shared modules: the task ``lipschitz``
-(:class:`iclnb.tasks.LipschitzRegression`), the kernel units ``kernel`` and ``kernel_linear``
-(:mod:`iclnb.models`), per-member risks (:func:`iclnb.predictors.mc_risk` with a list of tasks),
-the metrics of M (:func:`iclnb.circuits.proportional_error`, ``window``, ``principal_angles``)
-and the fits (:func:`iclnb.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
+(:class:`iclnb.engine.tasks.LipschitzRegression`), the kernel units ``kernel`` and ``kernel_linear``
+(:mod:`iclnb.engine.models`), per-member risks (:func:`iclnb.analysis.predictors.mc_risk` with a list of tasks),
+the metrics of M (:func:`iclnb.analysis.circuits.proportional_error`, ``window``, ``principal_angles``)
+and the fits (:func:`iclnb.engine.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
 is here: :func:`window_curves` / :func:`optimal_window`, the Monte Carlo loss over M = w I split
 into bias and noise, and the chapter's null predictors: :func:`best_fixed_window` (one window for
 many tasks, chosen without knowing L), :func:`kernel_unit` (a unit with given kernel matrices,
@@ -25,9 +25,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .models import MODELS
-from .tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
-from .util import check, check_int, check_real, check_reals, generator
+from iclnb.engine.models import MODELS
+from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
+from iclnb.engine.util import check, check_int, check_real, check_reals, generator
 
 
 def window_curves(task: LipschitzRegression, ws, num_prompts: int = 20_000, seed: int = 0, shape=None,
@@ -94,7 +94,7 @@ def best_fixed_window(curves: list, sigmas, scales) -> float:
 
 def kernel_unit(M, device="cpu", dtype=torch.float32):
     """A ``kernel`` ensemble (direct form) whose member k has the kernel matrix ``M[k]`` (K, d, d):
-    a predictor for :func:`iclnb.predictors.mc_risk`, e.g. a subset of a trained ensemble's
+    a predictor for :func:`iclnb.analysis.predictors.mc_risk`, e.g. a subset of a trained ensemble's
     matrices, or the null of fixed windows ``w[:, None, None] * np.eye(d)`` that do not adapt."""
     M = torch.as_tensor(np.asarray(M, dtype=np.float64))
     check("M", tuple(M.shape), M.dim() == 3 and M.shape[1] == M.shape[2], "shape (K, d, d)")
@@ -108,7 +108,7 @@ def kernel_unit(M, device="cpu", dtype=torch.float32):
 class LinearAttentionFit:
     """The linear attention unit f(x_q) = (1/n) sum_i y_i x_i^T M_k x_q (+ c_k ybar with the
     intercept), member k with its own (M_k, c_k): the predictor interface of
-    :func:`iclnb.predictors.mc_risk` (X (K, B, n, d) per member or (B, n, d) shared)."""
+    :func:`iclnb.analysis.predictors.mc_risk` (X (K, B, n, d) per member or (B, n, d) shared)."""
 
     def __init__(self, M: torch.Tensor, c: torch.Tensor):
         self.M, self.c = M, c

@@ -1,11 +1,11 @@
 """The training engine, the library's one training loop: K models trained at once.
 
-Any registered model (``iclnb.models.MODELS``) on any registered task (``iclnb.tasks.TASKS``).
+Any registered model (``iclnb.engine.models.MODELS``) on any registered task (``iclnb.engine.tasks.TASKS``).
 Data: fresh prompts every step from the task's sampler, with a generator (on the training
 device) seeded by ``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
 across head counts), or, with per-member task parameters, each member draws its own prompts
 from its own task (``derive_seed(seed, "data", k)``); on the CPU the next batches are drawn
-in a second thread while a step trains (``iclnb.util.Prefetch``, ``$ICLNB_PREFETCH``; the same
+in a second thread while a step trains (``iclnb.engine.util.Prefetch``, ``$ICLNB_PREFETCH``; the same
 numbers). Init: member k from ``init_seeds[k]``
 (default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
 exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
@@ -38,11 +38,10 @@ import numpy as np
 import torch
 
 import iclnb
-
-from .models import MODELS
-from .progress import training_update
-from .tasks import Task, make_task, sample_members
-from .util import (
+from iclnb.bookkit.progress import training_update
+from iclnb.engine.models import MODELS
+from iclnb.engine.tasks import Task, make_task, sample_members
+from iclnb.engine.util import (
     DTYPES,
     Prefetch,
     check,
@@ -68,10 +67,10 @@ def _plain(params) -> dict:
 class TrainConfig:
     """Everything that determines a run (and its cache key).
 
-    ``task`` names a sampler of ``iclnb.tasks.TASKS`` with its own ``task_params`` (defaults
+    ``task`` names a sampler of ``iclnb.engine.tasks.TASKS`` with its own ``task_params`` (defaults
     filled in); with ``member_params`` (one dict per member, merged over ``task_params``) each
     member draws its own fresh prompts every step from its own task, otherwise all members see
-    the same stream. ``model`` names a model of ``iclnb.models.MODELS`` with ``model_params``.
+    the same stream. ``model`` names a model of ``iclnb.engine.models.MODELS`` with ``model_params``.
     """
 
     model: str = "softmax"  # a registered model: "softmax", "normalized", "linear", ...
@@ -527,7 +526,7 @@ def select_best(model, task: Task, groups: dict | None = None, num_prompts: int 
     ``groups`` maps a label to member indices (default: all members in one group, label None).
     Returns (risks (K,), {label: chosen member}).
     """
-    from .predictors import mc_risk
+    from iclnb.analysis.predictors import mc_risk
 
     groups = {None: list(range(model.K))} if groups is None else groups
     risks = np.atleast_1d(mc_risk(model, task, num_prompts=num_prompts, seed=seed, stream="validation",
@@ -541,17 +540,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
 
 
-_RUN_SOURCES = ("tasks", "models", "train", "util")  # the modules whose code produces a run
-
-
 def _source_hash() -> str:
-    """sha256 of the source of the modules that produce a run (:data:`_RUN_SOURCES`): an edited
-    sampler, model or loop keys new cache entries instead of reloading stale runs."""
+    """sha256 of the source of every module of :mod:`iclnb.engine` (tasks, activations, models,
+    the step, the optimiser, the loop, util: everything a trained model depends on; the engine
+    imports nothing above it): an edited sampler, activation, model or loop keys new cache
+    entries instead of reloading stale runs."""
     global _SOURCE_HASH
     if _SOURCE_HASH is None:
         h = hashlib.sha256()
-        for name in _RUN_SOURCES:
-            h.update(Path(sys.modules[f"iclnb.{name}"].__file__).read_bytes())
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
         _SOURCE_HASH = h.hexdigest()[:16]
     return _SOURCE_HASH
 

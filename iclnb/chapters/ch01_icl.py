@@ -1,23 +1,23 @@
 """Chapter 1's in-context half: softmax regression learned in context by one attention layer
 (Section 1.1's argument of Li, Song, Xia, Yu, Zhou 2023; the paper's experiment is not public).
 
-The task sampler is :class:`iclnb.tasks.SoftmaxRegression` and the layers train on the engine
-(:func:`iclnb.train.train`); here are a trained head read through its circuits, at the end or at
-any logged step (:class:`CircuitLayer`, whose weights are :func:`iclnb.circuits.attention`), one
+The task sampler is :class:`iclnb.engine.tasks.SoftmaxRegression` and the layers train on the engine
+(:func:`iclnb.engine.train.train`); here are a trained head read through its circuits, at the end or at
+any logged step (:class:`CircuitLayer`, whose weights are :func:`iclnb.analysis.circuits.attention`), one
 GD step from zero (:class:`GDStep`), the exact solution (:class:`Oracle`) and the uniform
 baseline (:class:`Uniform`), and :func:`icl_comparison` with the metrics of von Oswald et al.
 (:func:`von_oswald_metrics`). The objects of softmax regression themselves (f, the loss, its
-gradient, GD) are in :mod:`iclnb.softmax_regression`.
+gradient, GD) are in :mod:`iclnb.chapters.ch01_regression`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import circuits
-from .softmax_regression import gd_step, logits, make_generator
-from .tasks import SoftmaxRegression
-from .util import check_choice, resolve_device
+from iclnb.analysis import circuits
+from iclnb.chapters.ch01_regression import gd_step, logits, make_generator
+from iclnb.engine.tasks import SoftmaxRegression
+from iclnb.engine.util import check_choice, resolve_device
 
 # Thresholds for the comparison of the trained layer with one GD step, fixed before any run
 # (chapter 1, part f). Relative differences are normalised by the size of the GD quantity, so
@@ -32,7 +32,7 @@ ICL_THRESHOLDS = {
 class CircuitLayer:
     """One trained attention head read through its circuits, on softmax-regression tasks.
 
-    The engine's one-layer attention (:class:`iclnb.models.SoftmaxAttention` or ``LinearAttention``,
+    The engine's one-layer attention (:class:`iclnb.engine.models.SoftmaxAttention` or ``LinearAttention``,
     one head per member) predicts from the circuits alone: with ``kq`` (D,D) = W_K^T W_Q / sqrt(D)
     and ``ov`` (D,) = (W_O W_V)^T, context tokens z_i of ``task`` (``task.tokens``) and the query
     token [a_q; 0], the scores are ``s_i = z_i^T K a_q`` with K = kq[:, :d] and
@@ -74,7 +74,7 @@ class CircuitLayer:
     def predict(self, A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, with_sensitivity: bool = False):
         """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq`` (B,Q,d), in float64; with
         ``with_sensitivity`` also ``d y_hat / d a_q`` (B,Q,d) in closed form. The weights are
-        :func:`iclnb.circuits.attention` of the scores (the kernel of the circuits' forward)."""
+        :func:`iclnb.analysis.circuits.attention` of the scores (the kernel of the circuits' forward)."""
         Z = self.task.tokens(A, b).to(torch.float64)
         Aq = Aq.to(torch.float64)
         d = Aq.shape[-1]
@@ -94,12 +94,12 @@ class CircuitLayer:
 
     @property
     def omega(self) -> float:
-        """Mean of the first d diagonal entries of KQ (:func:`iclnb.circuits.omega`)."""
+        """Mean of the first d diagonal entries of KQ (:func:`iclnb.analysis.circuits.omega`)."""
         return float(circuits.omega(self.kq, self.kq.shape[0] - 1))
 
     @property
     def mu(self) -> float:
-        """The label entry of OV (:func:`iclnb.circuits.mu`)."""
+        """The label entry of OV (:func:`iclnb.analysis.circuits.mu`)."""
         return float(circuits.mu(self.ov, self.kq.shape[0] - 1))
 
     def effective_step(self) -> float:
@@ -233,10 +233,10 @@ def icl_comparison(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
 def layer_config(d: int, n: int, lr: float, init_seeds, init_scales=None, steps: int = 2000,
                  batch: int = 256, seed: int = 0, device="auto", model: str = "softmax", log_every: int = 50,
                  **task_params):
-    """The :class:`iclnb.train.TrainConfig` of an ensemble of one-head layers on softmax regression:
+    """The :class:`iclnb.engine.train.TrainConfig` of an ensemble of one-head layers on softmax regression:
     one member per init seed, each with its own initial scale (``init_scales``, softmax only;
     default: the engine's initialisation); ``task_params`` go to the task (e.g. ``encoding``)."""
-    from .train import TrainConfig
+    from iclnb.engine.train import TrainConfig
 
     mp = {} if init_scales is None else {"init_scale": tuple(float(v) for v in init_scales)}
     return TrainConfig(model=model, task="softmax_regression", d=d, n=n, heads=(1,) * len(init_seeds),

@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .util import check, check_choice, check_int, is_real
+from iclnb.engine.util import check, check_choice, check_int, is_real
 
 __all__ = [
     "ACTIVATIONS",

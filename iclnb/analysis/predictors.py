@@ -15,7 +15,7 @@ the noise variance sigma^2 once (beta ~ N(0, I/d), x ~ N(0, I), eps ~ N(0, sigma
 * kernel sums     y_hat = sum_h mu_h sum_i y_i softmax_i(omega_h x_i^T x_q)
                   (a single head is the Nadaraya-Watson regressor of Chen et al.)
 
-Multi-task prompts (``iclnb.tasks.MultiTaskRegression``, T outputs, supports S_t, beta_t ~
+Multi-task prompts (``iclnb.engine.tasks.MultiTaskRegression``, T outputs, supports S_t, beta_t ~
 N(0, I_|S_t|)): debiased GD with a diagonal preconditioner, shared by the tasks or one per task
 (:func:`preconditioned_dgd_predict`; the independent debiased GD on each true support is
 :func:`support_dgd_weights`, exact risk :func:`support_dgd_risk`), the least-squares best such
@@ -39,8 +39,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .tasks import Task, sample_members
-from .util import check, check_int, check_real, check_regression, generator
+from iclnb.engine.tasks import Task, sample_members
+from iclnb.engine.util import check, check_int, check_real, check_regression, generator
 
 __all__ = [
     "gd_predict",
@@ -281,15 +281,15 @@ def mc_risk(
     stream: str = "mc_risk",
     per_output: bool = False,
 ):
-    """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.tasks`` task; for
+    """Monte Carlo risk E(y_hat - y_q)^2 on prompts of ``task`` (an ``iclnb.engine.tasks`` task; for
     noisy targets sigma^2 is included once; for T outputs the mean over the T slots).
 
     ``predict(X, y, xq)`` returns (B,) predictions, or (K,B) for an ensemble of K models (every
-    model of ``iclnb.models`` is such a function), or (..., B, T) for T outputs; a dict of such
+    model of ``iclnb.engine.models`` is such a function), or (..., B, T) for T outputs; a dict of such
     functions is evaluated on the same prompts and gives a dict of risks. ``task`` is one task
     (every member on the same prompts) or a list of K tasks, one per member of an ensemble:
     member k then gets its own prompts of ``task[k]`` (X (K,B,n,d)), drawn with
-    ``derive_seed(seed, stream, k)``. ``prompts`` are given :class:`~iclnb.tasks.Prompts` (one
+    ``derive_seed(seed, stream, k)``. ``prompts`` are given :class:`~iclnb.engine.tasks.Prompts` (one
     task only); when omitted, ``num_prompts`` prompts are drawn chunk by chunk with a generator
     seeded by ``derive_seed(seed, stream)`` (name the stream, e.g. "validation" or "test", so
     that different evaluations never share prompts). Evaluation runs in chunks of ``chunk`` prompts
@@ -302,7 +302,7 @@ def mc_risk(
     """
     tasks = list(task) if isinstance(task, (list, tuple)) else [task]
     for t in tasks:
-        check("task", type(t).__name__, isinstance(t, Task), "an iclnb.tasks.Task or a list of them")
+        check("task", type(t).__name__, isinstance(t, Task), "an iclnb.engine.tasks.Task or a list of them")
     check("task", len(tasks), len(tasks) >= 1, "at least one task")
     fns = dict(predict) if isinstance(predict, dict) else {None: predict}
     errs = {k: [] for k in fns}
@@ -347,7 +347,7 @@ class ByLength:
 
 
 def length_normalized(predict: Callable, n_train: int) -> ByLength:
-    """A predictor normalised by 1/n_train (e.g. ``iclnb.models`` linear attention) renormalised
+    """A predictor normalised by 1/n_train (e.g. ``iclnb.engine.models`` linear attention) renormalised
     to 1/m at test length m: ``predict(X, y, xq) * n_train / m``, for :func:`risk_curve`."""
     check_int("n_train", n_train, 1)
     return ByLength(lambda m: (lambda X, y, xq: predict(X, y, xq) * (n_train / m)))
@@ -377,7 +377,7 @@ def risk_curve(
     under ``"a-b"`` and its standard error (of the per-prompt differences of squared errors)
     under ``"a-b_se"``, far smaller than either risk's own error when a and b predict alike.
     """
-    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
     lengths = [int(n) for n in lengths]
     names = list(predictors)
     for a, b in pairs:
@@ -449,7 +449,7 @@ def squared_errors(predictors: dict, task: Task, num_prompts: int = 10_000, seed
     or a tuple of labels): ``{name: numpy (..., P)}``, e.g. (S, P) for a family of S predictors.
     The raw material of paired comparisons (:func:`best_on_grid`): two predictors on the same
     prompts differ by far less Monte Carlo noise than either risk carries."""
-    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
     errs = {k: [] for k in predictors}
     g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
     with torch.no_grad():
@@ -489,7 +489,7 @@ def kernel_loss_slope(M, direction, task: Task, num_prompts: int = 20_000, seed:
     (``derive_seed(seed, stream)``), with its standard error: (slope, se). Per prompt, exactly,
     2 (y_hat - y_q) sum_i p_i (y_i - y_hat) x_i^T D x_q with p = softmax(x^T M x_q). At M = 0 it
     is the first-order signal the training gets from small weights along D."""
-    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.tasks.Task")
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
     g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
     Mt, Dt = (torch.as_tensor(np.asarray(a), dtype=dtype, device=device) for a in (M, direction))
     out = []
@@ -525,7 +525,7 @@ def preconditioned_dgd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tenso
 
 def fit_preconditioner(prompts, shared: bool = True) -> np.ndarray:
     """The least-squares best diagonal preconditioner of :func:`preconditioned_dgd_predict` on
-    ``prompts`` (multi-output :class:`~iclnb.tasks.Prompts`): w (d,) minimising the squared error
+    ``prompts`` (multi-output :class:`~iclnb.engine.tasks.Prompts`): w (d,) minimising the squared error
     summed over the tasks (``shared``) or w (T,d), one per task. Fit on one prompt stream and
     measure on another: the fit has only d (or T d) parameters."""
     f = preconditioner_features(prompts.X.double(), prompts.y.double(), prompts.xq.double())  # (B,T,d)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .softmax_regression import (
+from iclnb.chapters.ch01_regression import (
     SMALL_STEP,
     gd_trajectory,
     logits,
@@ -37,7 +37,7 @@ from .softmax_regression import (
     step_inf_A,
     step_inf_x,
 )
-from .util import check_choice, derive_seed, resolve_device
+from iclnb.engine.util import check_choice, derive_seed, resolve_device
 
 LN10 = math.log(10.0)
 

@@ -1,0 +1,119 @@
+"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
+sweep CH -p NAME V1 V2 ... [--preset P] [--jobs N] [--out DIR] [--scheduler ADDRESS] |
+book [--smoke | --preset P] | check-pages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from iclnb.bookkit import pagecheck, runner
+
+
+def _list(args) -> int:
+    for ch in runner.chapters():
+        print(f"{ch.number:2d}  {ch.slug:40s} {ch.description}")
+    return 0
+
+
+def _params(args) -> int:
+    ch = runner.find_chapter(args.chapter)
+    print(f"chapter {ch.number}: {ch.title}\n")
+    params = ch.parameters()
+    width = max(len(p.name) for p in params)
+    for p in params:
+        print(f"  {p.name:{width}s}  {p.type:6s} = {p.default!r:12}  {p.help}")
+    for name, values in ch.presets.items():
+        print(f"\n  {name} preset (iclnb run {ch.number} --preset {name}): {values}")
+    return 0
+
+
+def _run(args) -> int:
+    ch = runner.find_chapter(args.chapter)
+    overrides = dict(args.param or [])
+    if len(overrides) != len(args.param or []):
+        raise runner.ParameterError("a parameter is given twice")
+    r = runner.run_chapter(ch, overrides, output=args.output, smoke=args.smoke, preset=args.preset)
+    print(f"executed notebook: {r.output}")
+    if r.error:
+        print(f"chapter {ch.number} failed: {r.error}\n(partial notebook kept at {r.output})", file=sys.stderr)
+    for c in r.claims.get("claims", []):
+        print(f"  [{c['status']:8s}] {c['text']}: {c['value']} {c['condition']}")
+    print(r.summary())
+    return 0 if r.ok else 1
+
+
+def _sweep(args) -> int:
+    from iclnb.bookkit import sweep
+
+    grid = {}
+    for name, *values in args.param or []:
+        if name in grid:
+            raise runner.ParameterError(f"parameter {name!r} is given twice")
+        grid[name] = values
+    fixed = dict(args.set or [])
+    result = sweep.sweep(args.chapter, grid, preset=args.preset, jobs=args.jobs, out=args.out,
+                         scheduler=args.scheduler, fixed=fixed)
+    for r in result.failed:
+        print(f"run {r['name']} failed: {r['error']} (partial notebook: {r.get('notebook', '-')})", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def _book(args) -> int:
+    return runner.build_book(smoke=args.smoke, preset=args.preset)
+
+
+def _check_pages(args) -> int:
+    return pagecheck.main(args.html, args.screenshots)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="iclnb", description="Run the chapters of the iclnb book.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the chapters, with a one-line description each").set_defaults(fn=_list)
+    p = sub.add_parser("params", help="a chapter's parameters, defaults and help")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.set_defaults(fn=_params)
+    p = sub.add_parser("run", help="execute one chapter with papermill")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter (repeatable); see `iclnb params CH`")
+    p.add_argument("-o", "--output",
+                   help="executed notebook path, or a folder to put NN_name.ipynb into (default book/chapters/)")
+    p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.add_argument("--preset", choices=runner.PRESETS,
+                   help="a preset of the chapter: smoke, or paper (the paper's scale)")
+    p.set_defaults(fn=_run)
+    p = sub.add_parser("sweep", help="run a chapter over the Cartesian product of parameter values, "
+                       "collecting every run's claims into one table")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"), required=True,
+                   help="a parameter and its values (repeatable): -p L 0.5 1 2 -p sigma 0.1 0.4")
+    p.add_argument("-s", "--set", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a parameter set to one value in every run (repeatable; not swept)")
+    p.add_argument("--preset", choices=runner.PRESETS, help="start every run from this preset of the chapter")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: one per CPU core)")
+    p.add_argument("--out", help="output folder (default sweeps/NN_name)")
+    p.add_argument("--scheduler", help="address of a Dask scheduler (tcp://host:8786) to run on instead of "
+                   "local processes; needs the dask extra")
+    p.set_defaults(fn=_sweep)
+    p = sub.add_parser("book", help="execute every chapter and build the HTML book")
+    p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
+    p.add_argument("--preset", choices=runner.PRESETS, help="run every chapter that declares it with this preset")
+    p.set_defaults(fn=_book)
+    p = sub.add_parser("check-pages", help="open the built book in headless Chromium and fail on what a reader "
+                       "would see wrong (raw tables or TeX, errors, broken images or links, requests to other hosts)")
+    p.add_argument("--html", default=str(pagecheck.HTML), help="the built book (default %(default)s)")
+    p.add_argument("--screenshots", default=str(pagecheck.SCREENSHOTS),
+                   help="where the screenshots go (default %(default)s)")
+    p.set_defaults(fn=_check_pages)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except runner.ParameterError as e:
+        print(f"iclnb: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
