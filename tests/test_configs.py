@@ -3,9 +3,9 @@ ensemble from the run cache only if the two configs agree)."""
 
 from dataclasses import replace
 
-from iclnb.analysis.configs import head_grid_config
+from iclnb.analysis.ensembles import head_grid, head_grid_config
 from iclnb.bookkit.runner import find_chapter
-from iclnb.engine.train import TrainConfig, cache_path, head_grid
+from iclnb.engine.train import TrainConfig, cache_path
 
 KEYS = ("heads", "inits", "d", "n", "sigma2", "steps", "batch", "lr", "seed", "log_every", "device")
 

@@ -3,13 +3,14 @@
 import json
 
 from iclnb.bookkit import progress
+from iclnb.engine import progress as writer
 from iclnb.engine.train import TrainConfig, train
 
 
 def test_training_writes_its_progress(tmp_path, monkeypatch, fresh_cache):
     path = tmp_path / "p.json"
     monkeypatch.setenv(progress.ENV, str(path))
-    monkeypatch.setattr(progress, "_last_write", [-1e9])
+    monkeypatch.setattr(writer, "_last_write", [-1e9])
     train(TrainConfig(heads=(1, 2), d=2, n=4, steps=40, batch=8, log_every=20, device="cpu"), progress=False)
     state = json.loads(path.read_text())
     assert state["desc"] == "softmax heads=[1, 2]" and state["steps"] == 40 and state["step"] in (20, 40)
@@ -20,7 +21,7 @@ def test_training_writes_its_progress(tmp_path, monkeypatch, fresh_cache):
 
 def test_no_file_no_cost(monkeypatch):
     monkeypatch.delenv(progress.ENV, raising=False)
-    progress.training_update("x", 1, 2, lambda: 1 / 0, 0.0, force=True)  # the loss is never read
+    writer.training_update("x", 1, 2, lambda: 1 / 0, 0.0, force=True)  # the loss is never read
 
 
 def test_monitor_names_the_running_cell_and_its_training(tmp_path):
@@ -32,7 +33,7 @@ def test_monitor_names_the_running_cell_and_its_training(tmp_path):
     assert progress.running_cell(nb) == (2, 3, "Training every head count")
     lines = []
     with progress.ChapterMonitor(nb, log=lines.append, every=0.2, poll=0.05) as mon:
-        progress.training_update("softmax heads=[1]", 50, 100, 0.25, 0.0, force=True)
+        writer.training_update("softmax heads=[1]", 50, 100, 0.25, 0.0, force=True)
         import time
 
         time.sleep(0.6)

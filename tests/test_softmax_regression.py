@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
+from iclnb.analysis.ensembles import select_best
 from iclnb.chapters import ch01_icl as si
 from iclnb.chapters import ch01_regression as sr
 from iclnb.engine.tasks import SoftmaxRegression
-from iclnb.engine.train import TrainConfig, build_model, select_best, train
+from iclnb.engine.train import TrainConfig, build_model, train
 
 
 def _inst(batch=6, n=30, d=5, R=2.0, seed=0, **kw):

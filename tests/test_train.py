@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from iclnb.analysis.ensembles import select_best
 from iclnb.engine.tasks import LinearRegression
-from iclnb.engine.train import TrainConfig, build_model, cache_path, prompt_stream, select_best, train
+from iclnb.engine.train import TrainConfig, build_model, cache_path, prompt_stream, train
 from iclnb.engine.util import generator
 
 TINY = dict(d=3, n=6, batch=16, steps=25, log_every=10, lr=1e-2, device="cpu", dtype="float64")

@@ -4,7 +4,7 @@ A chapter executed by papermill runs in a kernel whose output the user does not 
 ends. Two small channels make a long run visible:
 
 * the training loop writes where it is (run, step, loss, seconds) to the file named by
-  ``$ICLNB_PROGRESS`` when that is set (:func:`training_update`; at most one write a second,
+  ``$ICLNB_PROGRESS`` when that is set (:func:`iclnb.engine.progress.training_update`; at most one write a second,
   replaced atomically, so a reader never sees half a line);
 * the runner watches that file and the executed notebook, which papermill saves as each cell
   starts, and prints one line when the running cell changes and every ``every`` seconds while
@@ -23,8 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-ENV = "ICLNB_PROGRESS"
-_last_write = [0.0]
+ENV = "ICLNB_PROGRESS"  # = iclnb.engine.progress.ENV (the engine writes, the book reads)
 
 
 def _clock(seconds: float) -> str:
@@ -33,29 +32,8 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def training_update(desc: str, step: int, steps: int, loss, started: float, force: bool = False) -> None:
-    """Record a training run's position in ``$ICLNB_PROGRESS`` (if set); cheap when it is not.
-
-    ``loss``: a number, or a function returning one (called only when the state is written, so
-    that a device value is not read back every step)."""
-    path = os.environ.get(ENV)
-    now = time.perf_counter()
-    if not path or (not force and now - _last_write[0] < 1.0):
-        return
-    _last_write[0] = now
-    loss = loss() if callable(loss) else loss
-    state = {"desc": desc, "step": int(step), "steps": int(steps), "loss": loss, "elapsed": now - started,
-             "time": time.time()}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        Path(tmp).write_text(json.dumps(state))
-        os.replace(tmp, path)
-    except OSError:  # progress is a courtesy: never fail a run over it
-        pass
-
-
 def describe_training(state: dict) -> str:
-    """One line for a training state written by :func:`training_update`."""
+    """One line for a training state written by :func:`iclnb.engine.progress.training_update`."""
     step, steps = state.get("step", 0), max(int(state.get("steps", 1)), 1)
     text = f"{state.get('desc', 'training')} step {step}/{steps} ({100 * step / steps:.0f}%)"
     if state.get("loss") is not None:

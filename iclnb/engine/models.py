@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from iclnb.analysis.circuits import ACTIVATIONS, head_outputs, mu, normaliser, omega, proportional_error
+from iclnb.engine.activations import ACTIVATIONS, head_outputs, normaliser
+from iclnb.engine.readout import mu, omega, proportional_error
 from iclnb.engine.util import (
     check,
     check_choice,

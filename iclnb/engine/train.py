@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 import iclnb
-from iclnb.bookkit.progress import training_update
 from iclnb.engine.models import MODELS
+from iclnb.engine.progress import training_update
 from iclnb.engine.tasks import Task, make_task, sample_members
 from iclnb.engine.util import (
     DTYPES,
@@ -505,33 +505,6 @@ def _history(model, logs) -> History:
     arrays = {k: v.double().numpy() for k, v in logs.items() if k not in ("steps", "loss")}
     return History(logs["steps"].numpy().astype(np.int64), logs["loss"].double().numpy().T.copy(),
                    [model.member_log(arrays, k) for k in range(model.K)])
-
-
-def head_grid(heads, inits: int, seed: int) -> tuple[list[int], list[int], tuple[int, ...]]:
-    """Members for every head count in ``heads`` times ``inits`` initialisations (init-major):
-    (head count of each member, initialisation index i of each member, init seeds
-    ``derive_seed(seed, "init", i)``). Initialisation i of every head count shares its seed, so
-    heads of the same index start alike across H (common random numbers). Chapters that
-    analyse the same runs use this so their configs (and run-cache entries) agree."""
-    member_h = [int(h) for _ in range(int(inits)) for h in heads]
-    member_i = [i for i in range(int(inits)) for _ in heads]
-    return member_h, member_i, tuple(derive_seed(seed, "init", i) for i in member_i)
-
-
-def select_best(model, task: Task, groups: dict | None = None, num_prompts: int = 20_000, seed: int = 0) -> tuple:
-    """Pick, in each group of members, the one with the lowest Monte Carlo risk on fresh
-    validation prompts of ``task`` (the stream ``derive_seed(seed, "validation")``): the rule a
-    chapter fixes before training when it trains several initialisations and analyses one.
-
-    ``groups`` maps a label to member indices (default: all members in one group, label None).
-    Returns (risks (K,), {label: chosen member}).
-    """
-    from iclnb.analysis.predictors import mc_risk
-
-    groups = {None: list(range(model.K))} if groups is None else groups
-    risks = np.atleast_1d(mc_risk(model, task, num_prompts=num_prompts, seed=seed, stream="validation",
-                                  device=model.flat.device, dtype=model.flat.dtype))
-    return risks, {g: min(ks, key=lambda k: risks[k]) for g, ks in groups.items()}
 
 
 # ---- run cache ------------------------------------------------------------------------------
