@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test smoke check-pages bench lock clean
+.PHONY: book test smoke check-pages robustness bench lock clean
 
 book: $(STAMP)  ## execute every chapter at its defaults and build _build/html
 	$(BIN)/python -m iclnb book
@@ -17,6 +17,11 @@ smoke: $(STAMP)  ## the whole book with tiny parameters (claims recorded, not en
 
 check-pages: $(STAMP)  ## open the built book in headless Chromium (network off) and fail on a defect; screenshots
 	$(BIN)/python -m iclnb check-pages
+
+robustness: $(STAMP)  ## every chapter at seeds 0-4 (claims not enforced) -> book/robustness/NN_name.json; JOBS=N
+	status=0; for ch in $$($(BIN)/python -m iclnb list | awk '{print $$1}'); do \
+	  $(BIN)/python -m iclnb robustness $$ch --seeds 0 1 2 3 4 $(if $(JOBS),--jobs $(JOBS)) || status=1; \
+	done; exit $$status
 
 bench: $(STAMP)  ## training throughput against the naive reference, the engine against its code of e160d6c, step time against K and H
 	$(BIN)/python benchmarks/bench_engine.py

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from iclnb.engine.train import TrainConfig, _Blocks, build_model, make_optimizer, prompt_stream
+from iclnb.engine.optim import make_optimizer
+from iclnb.engine.train import TrainConfig, _Blocks, build_model, prompt_stream
 from iclnb.engine.util import keep_freed_memory, resolve_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

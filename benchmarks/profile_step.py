@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from iclnb.engine.train import TrainConfig, build_model, make_optimizer, prompt_stream
+from iclnb.engine.optim import make_optimizer
+from iclnb.engine.train import TrainConfig, build_model, prompt_stream
 from iclnb.engine.util import keep_freed_memory
 
 LIBRARY = str(Path(__file__).resolve().parents[1] / "iclnb")

@@ -71,8 +71,11 @@ def test_environment_yml_matches_pyproject():
 def test_constraints_pin_torch_like_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     torch_req = next(d for d in py["dependencies"] if d.startswith("torch"))
-    assert torch_req == "torch==2.13.0"  # a range would pull a multi-GB CUDA build
-    assert re.search(r"^torch==2\.13\.0 ;", (ROOT / "constraints.txt").read_text(), re.M)
+    # the package accepts a range (LeanAdam falls back to torch's Adam where its fused kernel
+    # differs); CI installs the exact version constraints.txt pins, which must lie in the range
+    assert torch_req == "torch>=2.4,<2.14"
+    pin = re.search(r"^torch==(\d+)\.(\d+)\.(\d+) ;", (ROOT / "constraints.txt").read_text(), re.M)
+    assert pin and (2, 4) <= tuple(map(int, pin.groups()[:2])) < (2, 14)
 
 
 def test_built_book_if_present():

@@ -50,9 +50,10 @@ def test_authors_omega_factor_and_gd_retuned():
 
     from iclnb.analysis import circuits
     from iclnb.analysis import predictors as pr
+    from iclnb.chapters import ch02_kernels as ch2
 
     assert abs(circuits.authors_omega_factor(5) - math.sqrt(6 / 7)) < 1e-15
     X, y, xq = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64), \
         torch.randn(4, 5, dtype=torch.float64)
-    got = pr.gd_retuned(5, 0.1)(7)(X, y, xq)
+    got = ch2.gd_retuned(5, 0.1)(7)(X, y, xq)
     assert torch.allclose(got, pr.gd_predict(X, y, xq, pr.gd_optimal_step(7, 5, 0.1)))

@@ -79,14 +79,15 @@ def test_kq_ov_recover_the_built_circuits():
     np.testing.assert_allclose(C.kq(wn), K, atol=1e-10)
 
 
-def test_circuit_predict_matches_the_model_definition():
+def test_forward_matches_the_model_definition():
     d = 4
     rng = np.random.default_rng(3)
     K = 0.3 * rng.normal(size=(2, d + 1, d + 1))
     V = rng.normal(size=(2, d + 1))
     w = build_model(K, V, seed=3)
     X, y, xq = prompts(d=d)
-    torch.testing.assert_close(C.circuit_predict(C.kq(w), C.ov(w), X, y, xq), direct_predict(w, X, y, xq))
+    Z = torch.cat([X, y.unsqueeze(-1)], dim=-1)
+    torch.testing.assert_close(C.forward(C.kq(w), C.ov(w), Z, xq), direct_predict(w, X, y, xq))
 
 
 def test_pattern_model_is_a_sum_of_kernel_regressors():
@@ -101,10 +102,10 @@ def test_omega_mu_metrics_and_classes_on_the_paper_pattern():
     d = 5
     omega, mu = [0.13, -0.13, 1e-4, 0.12], [3.45, -3.45, 2e-3, 3.0]
     w, _, _ = pattern_model(omega, mu, d)
-    om, m = C.omega_mu(w)
+    om, m = C.omega(C.kq(w), d), C.mu(C.ov(w), d)
     np.testing.assert_allclose(om, omega, atol=1e-10)
     np.testing.assert_allclose(m, mu, atol=1e-10)
-    for row in C.pattern_metrics(w):
+    for row in C.circuit_metrics(C.kq(w), C.ov(w)):
         # the random last KQ column is ignored by every metric
         assert row["diag_ratio"] == pytest.approx(1.0, abs=1e-9)
         assert row["diag_homogeneity"] == pytest.approx(0.0, abs=1e-12)
@@ -125,7 +126,7 @@ def test_metrics_on_an_imperfect_pattern():
     K[0, :, d] = 100.0  # must not matter
     V = np.array([[0.0, 0.6, 0.0, -0.8]])
     w = build_model(K, V)
-    (row,) = C.pattern_metrics(w)
+    (row,) = C.circuit_metrics(C.kq(w), C.ov(w))
     diag = np.array([1.0, 2.0, 3.0])
     assert row["diag_ratio"] == pytest.approx(np.linalg.norm(diag) / np.sqrt((diag**2).sum() + 6 * 0.01))
     assert row["diag_homogeneity"] == pytest.approx(diag.var() / diag.mean() ** 2)
@@ -153,26 +154,6 @@ def test_bad_weight_dict_is_rejected():
         C.ov(w)
 
 
-def test_summarize_excludes_dummy_heads_and_balances_mu():
-    d = 5
-    omega, mu = [0.13, -0.13, 1e-4], [3.45, -3.45, 2e-3]
-    w, K, V = pattern_model(omega, mu, d)
-    V[2, 0] = 1.0  # the dummy head breaks the OV pattern; it must not count
-    w = build_model(K, V)
-    s = C.summarize(w)
-    assert s["classes"] == ["positive", "negative", "dummy"]
-    assert s["n_positive"] == s["n_negative"] == s["n_dummy"] == 1
-    assert s["min_ov_last_ratio"] == pytest.approx(1.0)
-    assert s["min_diag_ratio"] == pytest.approx(1.0)
-    assert s["all_sign_match"]
-    assert s["sum_mu"] == pytest.approx(2e-3)
-    assert s["mu_balance"] == pytest.approx(2e-3 / (6.9 + 2e-3))
-    assert s["effective_step"] == pytest.approx(2 * 0.13 * 3.45)
-    # the same from the circuits directly (as logged during training)
-    s2 = C.summarize_circuits(C.kq(w), C.ov(w))
-    assert s2["classes"] == s["classes"] and s2["effective_step"] == pytest.approx(s["effective_step"])
-
-
 def test_plot_circuits_draws_every_head():
     import matplotlib
 
@@ -180,44 +161,10 @@ def test_plot_circuits_draws_every_head():
     import matplotlib.pyplot as plt
 
     w, K, V = pattern_model([0.1, -0.1, 0.0, 0.2, -0.2], [1.0, -1.0, 0.0, 2.0, -2.0], d=3)
-    fig = plot_circuits(C.kq(w), C.ov(w), title="t", classes=C.classify_heads(*C.omega_mu(w)))
+    fig = plot_circuits(C.kq(w), C.ov(w), title="t", classes=C.classify_heads(C.omega(C.kq(w), 3), C.mu(C.ov(w), 3)))
     visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
     assert len(visible) == 2 * 5  # a KQ and an OV panel per head
     plt.close(fig)
-
-
-def test_group_params_spread_and_last_row_of_a_four_head_pattern():
-    d = 5
-    omega, mu = [0.12, -0.1, -0.14, 1e-4], [3.0, -1.0, -2.0, 1e-3]
-    w, K, V = pattern_model(omega, mu, d)
-    K[0, d, :d] = 0.03  # head 1's label key scores a little: last-row ratio 0.03 sqrt(d) / ||KQ[:, :d]||
-    s = C.summarize(build_model(K, V))
-    assert s["classes"] == ["positive", "negative", "negative", "dummy"]
-    assert s["omega_spread"] == pytest.approx(0.14 / 0.1)
-    expect = 0.03 * np.sqrt(d) / np.sqrt(d * 0.12**2 + d * 0.03**2)
-    assert s["max_last_row_ratio"] == pytest.approx(expect)
-    g = C.group_params(s["omega"], s["mu"], s["classes"])
-    assert g["positive"] == pytest.approx((0.12, 3.0))
-    assert g["negative"] == pytest.approx(((0.1 * 1 + 0.14 * 2) / 3, 3.0))
-    # 2 w m of the groups add up to the effective step and its negative-group twin
-    assert 2 * g["positive"][0] * g["positive"][1] == pytest.approx(s["effective_step"])
-    assert C.group_params([0.1], [1.0], ["dummy"]) == {}
-    with pytest.raises(ValueError):
-        C.group_params([0.1, 0.2], [1.0], ["positive", "negative"])
-
-
-def test_pattern_ok_pair_state_and_gd_step():
-    d = 5
-    for omega, mu, state in (([0.13, -0.13], [3.4, -3.4], "pair"), ([0.5, 0.55], [1.0, 0.5], "same-sign"),
-                             ([0.5, 1e-4], [1.0, 1e-3], "other")):
-        w, K, V = pattern_model(omega, mu, d)
-        assert C.pair_state(C.kq(w), C.ov(w)) == state
-        s = C.summarize(w)
-        assert C.pattern_ok(s)
-        step = 2 * 0.13 * 3.4 if state == "pair" else float(np.dot(omega, mu))
-        assert s["gd_step"] == pytest.approx(step)
-    V[0, 0] = 1.0  # the live head reads a covariate too: OV ratio 1/sqrt(2)
-    assert not C.pattern_ok(C.summarize(build_model(K, V)))
 
 
 # ---- any d, T outputs and activation: the forward from circuits against the engine's models -------
@@ -247,10 +194,6 @@ def test_forward_from_circuits_is_the_model(name, mk, activation, T):
         y = C.forward(KQ[sl], OV[sl], Z, xq, activation, getattr(m, "n_train", None))
         assert y.shape == ((9,) if T == 1 else (9, T))
         torch.testing.assert_close(y, pred[k].detach(), rtol=0, atol=1e-10)
-        if T == 2:  # the same through the prompts' labels
-            y2 = C.circuit_predict(C.kq(w), C.ov(w), Z[..., :d], Z[..., d:], xq, activation,
-                                   getattr(m, "n_train", None))
-            torch.testing.assert_close(y2, pred[k].detach(), rtol=0, atol=1e-10)
 
 
 def test_two_outputs_omega_mu_metrics_classes_and_plot():

@@ -5,14 +5,22 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.bookkit.claims import Claims, ClaimsFailed, scorecard_rows
+from iclnb.bookkit.claims import Claims, ClaimsFailed, transitional
+from iclnb.bookkit.scorecard import scorecard_markdown
 
 NULL = dict(null="a simpler explanation", basis="theory")
 
 
 def ev(c, cid, text, value, op, threshold, null_value=None, **kw):
-    """An evidence check whose null (by default a non-number) fails."""
+    """An old-style (transitional) evidence check whose null (by default a non-number) fails."""
     return c.check(cid, text, value, op, threshold, null_value=null_value, **(NULL | kw))
+
+
+def strong(c, cid, value, op, threshold, null_value, **kw):
+    """A fully stated evidence check: a competitor null, a theory basis naming its result."""
+    return c.check(cid, cid, value, op, threshold, **({"null": "a competitor", "null_value": null_value,
+                                                       "null_kind": "competitor", "basis": "theory",
+                                                       "basis_ref": "Theorem 2"} | kw))
 
 
 def test_check_comparisons_and_nonfinite():
@@ -140,7 +148,7 @@ def test_a_null_that_passes_fails_the_check(tmp_path, monkeypatch):
     assert c["same"].passed and c["same"].null_passed and c["same"].status == "FAIL: null passes"
     assert [f.id for f in c.failed] == ["same"]
     h = c.table()._repr_html_()
-    assert "plain GD: 0.9 (fails)" in h and "plain GD: 0.2 (passes)" in h and "(Monte Carlo error)" in h
+    assert "plain GD: 0.9 (fails)" in h and "plain GD: 0.2 (passes)" in h and "(Monte Carlo error, unsupported)" in h
     with pytest.raises(ClaimsFailed, match="cannot tell the two apart"):
         c.finish()
     data = json.loads(path.read_text())
@@ -150,7 +158,7 @@ def test_a_null_that_passes_fails_the_check(tmp_path, monkeypatch):
 
 def test_findings_are_declared_before_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(tmp_path / "c.json"))
-    with pytest.raises(ValueError, match="findings"):
+    with pytest.raises(ValueError, match="finding 'a' needs why"):
         Claims("x", findings={"a": ""})  # a finding says why
     c = Claims("x", findings={"never": "declared, not recorded"})
     with pytest.raises(ClaimsFailed, match="never recorded"):
@@ -170,10 +178,247 @@ def test_not_attempted_and_scorecard():
     c.report("r", "a number", 1)
     with pytest.raises(ValueError, match="reason"):
         c.not_attempted("na2", "x", "")
-    rows = scorecard_rows("Chapter X", c.to_dict())
-    assert [(r[1], r[-1]) for r in rows] == [("ok", "reproduced"), ("nr", "not reproduced"),
-                                              ("na", "not attempted")]
-    assert rows[0][4] == "1.1" and rows[2][5] == "the sweep is too slow here"
+    page = "\n".join(scorecard_markdown([("Chapter X", "x", c.to_dict())]))
+    assert "not attempted" in page and "na" in page
     assert c.to_dict()["not_attempted"] == 1 and c["na"].status == "not attempted"
     h = c.table()._repr_html_()
     assert "not attempted" in h and "longer training would not change it" in h
+
+
+def test_null_kinds_and_strength(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
+    c = Claims("ch")
+    assert strong(c, "comp", 0.1, "<", 0.5, 0.9)
+    assert strong(c, "chance", 0.9, ">", 0.6, 0.5, null_kind="chance", null="a permutation")
+    assert strong(c, "init", 0.99, ">=", 0.98, 0.3, null_kind="init", null="the same heads at initialisation")
+    assert ev(c, "old", "old style", 0.1, "<", 0.5, null_value=0.9)  # transition: no null_kind
+    assert strong(c, "boolean", True, "is", True, False)  # a bool null for op "is"
+    assert [c[i].strength for i in ("comp", "chance", "init", "old")] == ["strong", "strong", "weak", "weak"]
+    assert c["old"].null_kind == "unstated" and c["old"].flags == ["null kind unstated", "unsupported basis"]
+    c.finish()
+    data = json.loads(path.read_text())
+    assert data["strong"] == 3 and data["weak"] == 2
+    row = {r["id"]: r for r in data["claims"]}
+    assert row["init"]["null_kind"] == "init" and row["init"]["strength"] == "weak"
+    h = c.table()._repr_html_()
+    assert "[competitor · strong] a competitor: 0.9 (fails)" in h and "[init · weak] the same heads" in h
+    assert "[unstated · weak]" in h
+    with pytest.raises(ValueError, match="null_kind='trained'"):
+        strong(c, "bad-kind", 0.1, "<", 0.5, 0.9, null_kind="trained")
+
+
+def test_a_null_must_be_a_finite_measured_number():
+    c = Claims("x")
+    for i, bad in enumerate((None, math.nan, math.inf, "n/a", True)):
+        with pytest.raises(ValueError, match=f"'bad-{i}': its null's value"):
+            strong(c, f"bad-{i}", 0.1, "<", 0.5, bad)
+    with pytest.raises(ValueError, match="'bad-is'.*boolean"):
+        strong(c, "bad-is", True, "is", True, 0.0)
+    assert strong(c, "np", np.float64(0.1), "<", 0.5, torch.tensor(0.9))  # numpy / torch scalars are numbers
+    # transition (no null_kind): recorded, flagged, the null fails as before
+    assert ev(c, "nan-null", "old", 0.1, "<", 0.5, null_value=math.nan)
+    assert c["nan-null"].flags == ["null kind unstated", "null not a finite number", "unsupported basis"]
+    with pytest.raises(ValueError, match="reciprocal"):
+        strong(c, "recip", 0.5, "<", 1, 2.0)  # a ratio and its reciprocal: use ordering()
+    ev(c, "old-recip", "old", 0.5, "<", 1, null_value=2.0)
+    assert "null is the value's reciprocal" in c["old-recip"].flags
+
+
+def test_ordering_records_both_sides(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
+    c = Claims("ch", findings={"later": {"declared": "after", "why": "fails at the defaults", "commit": "abc1234"}})
+    assert c.ordering("beats", "the model beats vanilla GD", 0.31, 0.44, "<", a="the model",
+                      b="vanilla GD at its own step", null_kind="competitor", basis="chosen")
+    cl = c["beats"]
+    assert (cl.value, cl.null_value, cl.threshold, cl.margin, cl.null_passed) == (0.31, 0.44, 0.44, 0.0, None)
+    assert cl.form == "ordering" and cl.condition == "< 0.44" and cl.strength == "strong"
+    # basis mc: the margin is se_multiple x se (the s.e. of the difference)
+    assert not c.ordering("close", "beats by 3 s.e.", 0.40, 0.44, "<", a="A", b="B", null_kind="competitor",
+                          basis="mc", se=0.02, se_multiple=3)
+    assert math.isclose(c["close"].threshold, 0.44 - 0.06) and c["close"].condition == "< 0.44 - 0.06"
+    assert c.ordering("up", "higher is better", 0.9, 0.5, ">", a="A", b="B", null_kind="chance", basis="chosen",
+                      margin=0.1)
+    with pytest.raises(ValueError, match="not se_multiple x se"):
+        c.ordering("bad-margin", "x", 0.1, 0.5, "<", a="A", b="B", null_kind="competitor", basis="mc", se=0.01,
+                   se_multiple=3, margin=0.1)
+    with pytest.raises(ValueError, match="op='<='"):
+        c.ordering("bad-op", "x", 0.1, 0.5, "<=", a="A", b="B", null_kind="competitor", basis="chosen")
+    with pytest.raises(ValueError, match="b= must say"):
+        c.ordering("bad-b", "x", 0.1, 0.5, "<", a="A", b="", null_kind="competitor", basis="chosen")
+    with pytest.raises(TypeError):
+        c.ordering("no-kind", "x", 0.1, 0.5, "<", a="A", b="B", basis="chosen")  # the null's kind is required
+    assert not c.ordering("later", "a finding", 0.5, 0.44, "<", a="A", b="B", null_kind="init", basis="chosen")
+    assert c["later"].kind == "finding" and c["later"].strength == "weak"
+    assert [f.id for f in c.failed] == ["close"]
+    h = c.table()._repr_html_()
+    assert "the model: 0.31" in h and "vanilla GD at its own step: 0.44 (its own statistic)" in h
+    data = c.to_dict()
+    assert {r["id"]: r["holds"] for r in data["claims"]} == {"beats": True, "close": False, "up": True,
+                                                             "later": False}
+
+
+def test_threshold_bases():
+    c = Claims("x")
+    strong(c, "th", 0.1, "<", 0.5, 0.9)
+    strong(c, "mc", 0.1, "<", 0.5, 0.9, basis="mc", basis_ref="", se=0.1, se_multiple=4)
+    strong(c, "pp", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="", paper=0.45)
+    strong(c, "pr", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="Table 2")
+    strong(c, "ch", 0.1, "<", 0.5, 0.9, basis="chosen", basis_ref="")
+    assert all(not c[i].flags for i in ("th", "mc", "pp", "pr", "ch"))
+    assert (c["mc"].se, c["mc"].se_multiple) == (0.1, 4)
+    cells = {r[0]: r[3] for r in map(c.table()._cells, c.to_dict()["claims"])}
+    assert cells == {"th": "< 0.5 (theory: Theorem 2)", "mc": "< 0.5 (Monte Carlo: 4 × s.e. 0.1)",
+                     "pp": "< 0.5 (the paper's 0.45)", "pr": "< 0.5 (the paper: Table 2)", "ch": "< 0.5 (chosen)"}
+    # transition: an old basis without its fields is accepted and flagged
+    for basis in ("theory", "mc", "paper"):
+        strong(c, f"old-{basis}", 0.1, "<", 0.5, 0.9, basis=basis, basis_ref="")
+        assert c[f"old-{basis}"].flags == ["unsupported basis"], basis
+    with pytest.raises(ValueError, match="se_multiple"):
+        strong(c, "half-mc", 0.1, "<", 0.5, 0.9, basis="mc", se=0.1)  # half the mc fields is an error
+    with pytest.raises(ValueError, match="se="):
+        strong(c, "neg-se", 0.1, "<", 0.5, 0.9, basis="mc", se=-1, se_multiple=3)
+    with pytest.raises(ValueError, match="basis='tuned'"):
+        strong(c, "tuned", 0.1, "<", 0.5, 0.9, basis="tuned")
+
+
+def test_strict_refuses_every_transitional_form(monkeypatch):
+    s = Claims("x", strict=True)
+    with pytest.raises(ValueError, match="'a' states no null_kind"):
+        ev(s, "a", "a", 0.1, "<", 0.5, null_value=0.9)
+    with pytest.raises(ValueError, match="basis='theory' needs basis_ref="):
+        strong(s, "b", 0.1, "<", 0.5, 0.9, basis_ref="")
+    with pytest.raises(ValueError, match="basis='mc' needs se="):
+        strong(s, "c", 0.1, "<", 0.5, 0.9, basis="mc", basis_ref="")
+    with pytest.raises(ValueError, match="basis='paper' needs paper="):
+        strong(s, "d", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="")
+    with pytest.raises(ValueError, match="not dated"):
+        Claims("x", strict=True, findings={"f": "why, but not when"})
+    s.findings["late"] = "added after construction"
+    with pytest.raises(ValueError, match="'late' is not dated"):
+        strong(s, "late", 0.1, "<", 0.5, 0.9)
+    assert strong(s, "ok", 0.1, "<", 0.5, 0.9) and transitional(s.to_dict()) == []
+    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "1")
+    assert Claims("x").strict and not Claims("x", strict=False).strict
+    monkeypatch.delenv("ICLNB_CLAIMS_STRICT")
+    c = Claims("x", findings={"f": "why"})
+    assert not Claims("x").strict
+    ev(c, "old", "old", 0.1, "<", 0.5, null_value=0.9)
+    ev(c, "f", "f", 0.1, "<", 0.5, null_value=0.9)
+    assert transitional(c.to_dict()) == ["old: null kind unstated", "old: unsupported basis",
+                                         "f: null kind unstated", "f: unsupported basis", "f: finding not dated"]
+
+
+FRONT = """---
+jupytext:
+  text_representation: {extension: .md}
+iclnb:
+  description: a chapter
+  findings:
+    h3-ov-last: {declared: after, why: "still forming at this length", commit: 8517d88}
+    follows: {declared: before, why: "the 2H numbers leave a part out"}
+  findings_paper:
+    follows: {declared: before, why: "the 2H numbers leave a part out"}
+---
+
+# A chapter
+"""
+
+
+def test_findings_from_the_front_matter(tmp_path, monkeypatch):
+    (tmp_path / "notebooks").mkdir()
+    src = tmp_path / "notebooks" / "05_ch.md"
+    src.write_text(FRONT)
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")  # the fallback: notebooks/<chapter>.md in a folder above the cwd
+    monkeypatch.delenv("ICLNB_CHAPTER_SOURCE", raising=False)
+    monkeypatch.delenv("ICLNB_PRESET", raising=False)
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(tmp_path / "c.json"))
+    c = Claims("05_ch", enforce=True)
+    assert c.findings_source == "05_ch.md: iclnb.findings" and set(c.findings) == {"h3-ov-last", "follows"}
+    assert not strong(c, "h3-ov-last", 0.988, ">=", 0.99, 0.1, null_kind="init")
+    assert not strong(c, "follows", 2.8, "<=", 1, 4.1)
+    assert (c["h3-ov-last"].declared, c["h3-ov-last"].commit) == ("after", "8517d88")
+    h = c.finish()._repr_html_()  # findings are never enforced
+    assert "(declared after a failing run (commit 8517d88)): still forming" in h
+    assert "<code>follows</code> (declared before the run)" in h
+    assert h.count("declared before the run") == 1  # the wording comes from the field, never hard-coded
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["findings_declared"] == {"before": 1, "after": 1, "unknown": 0} and transitional(data) == []
+    # the paper preset: findings_paper replaces the default findings
+    monkeypatch.setenv("ICLNB_PRESET", "paper")
+    assert set(Claims("05_ch").findings) == {"follows"}
+    # the runner's $ICLNB_CHAPTER_SOURCE wins over the walk up from the cwd
+    other = tmp_path / "elsewhere" / "05_ch.md"
+    other.parent.mkdir()
+    other.write_text(FRONT.replace("findings_paper", "unused"))
+    monkeypatch.setenv("ICLNB_CHAPTER_SOURCE", str(other))
+    assert set(Claims("05_ch").findings) == {"h3-ov-last", "follows"}
+    # an explicit dict replaces the front matter (tests, the transition): declared "unknown"
+    c = Claims("05_ch", findings={"x": "a reason"})
+    assert c.findings_source == "explicit"
+    ev(c, "x", "x", 3, "<", 1)
+    assert c["x"].declared == "unknown" and "declared at a time the chapter does not record" in repr(c.table())
+
+
+def test_skipped_findings_and_bad_declarations(tmp_path, monkeypatch):
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(tmp_path / "c.json"))
+    c = Claims("x", findings={"a": {"declared": "before", "why": "w"}, "b": {"declared": "after", "why": "w"}})
+    ev(c, "a", "a", 3, "<", 1)
+    with pytest.raises(ClaimsFailed, match="'b' was declared but never recorded"):
+        c.finish()
+    c.skip_findings("b")  # this run's parameters leave claim b out
+    c.finish()
+    assert json.loads((tmp_path / "c.json").read_text())["findings_skipped"] == ["b"]
+    with pytest.raises(KeyError):
+        c.skip_findings("zz")
+    for bad, match in (({"declared": "during", "why": "w"}, "before | after"), ({"declared": "after"}, "needs why"),
+                       ({"declared": "after", "why": "w", "commit": 1234567}, "quote it"),
+                       ({"declared": "after", "why": "w", "when": "x"}, "unknown fields")):
+        with pytest.raises(ValueError, match=match):
+            Claims("x", findings={"a": bad})
+    src = tmp_path / "notebooks" / "y.md"
+    src.parent.mkdir()
+    src.write_text(FRONT.replace('{declared: before, why: "the 2H numbers leave a part out"}', '"a bare reason"'))
+    monkeypatch.setenv("ICLNB_CHAPTER_SOURCE", str(src))
+    with pytest.raises(ValueError, match="'follows': declare it as"):
+        Claims("y")  # the front matter must date every finding
+
+
+def test_not_enforced_never_reads_as_pass(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
+    c = Claims("ch", enforce=False)
+    strong(c, "ok", 0.1, "<", 0.5, 0.9)
+    strong(c, "bad", 0.7, "<", 0.5, 0.9)
+    strong(c, "same", 0.1, "<", 0.5, 0.2)
+    c.sanity("s", "identity", 0, "<", 1)
+    table = c.finish()  # not enforced: no raise
+    data = json.loads(path.read_text())
+    assert data["enforced"] is False and data["enforcement"] == "claims not enforced"
+    assert {r["id"]: r["status"] for r in data["claims"]} == {
+        "ok": "holds (not enforced)", "bad": "fails (not enforced)", "same": "fails: null passes (not enforced)",
+        "s": "holds (not enforced)"}
+    h = table._repr_html_()
+    assert "Claims not enforced" in h and ">pass<" not in h
+    assert repr(table).startswith("Claims not enforced")
+    assert Claims("ch", claims=c.claims).to_dict()["claims"][0]["status"] == "pass"  # enforced: pass
+
+
+def test_to_dict_keeps_its_keys():
+    c = Claims("x")
+    strong(c, "a", 0.1, "<", 0.5, 0.9, own=True)
+    c.report("r", "a number", 3, ref="ours")
+    d = c.to_dict()
+    old = {"chapter", "enforced", "passed", "failed", "not_reproduced", "not_attempted", "sanity_passed",
+           "missing_findings", "claims"}
+    assert old <= set(d) and {"strong", "weak", "sanity", "reported", "findings_declared", "enforcement"} <= set(d)
+    row = d["claims"][0]
+    assert {"id", "text", "value", "op", "threshold", "ref", "passed", "kind", "null", "null_value", "null_passed",
+            "basis", "paper", "note", "status", "condition", "group"} <= set(row)
+    assert {"null_kind", "strength", "form", "basis_ref", "se", "se_multiple", "declared", "own", "flags",
+            "holds"} <= set(row)
+    assert row["own"] is True and d["claims"][1]["own"] is True  # ref "ours" marks the book's own claim
+    assert "the book's own" in c.table()._cells(row)[-1]
+    json.dumps(d)  # JSON-safe

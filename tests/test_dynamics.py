@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from iclnb.analysis import flow
 from iclnb.analysis.circuits import circuit_metrics, classify_heads
 from iclnb.analysis.predictors import debiased_gd_optimal_step, kernel_sum_predict, mc_risk
 from iclnb.chapters import ch03_stages as dyn
@@ -69,34 +70,34 @@ def test_monte_carlo_pair_loss():
 def test_mu_star_is_the_numerical_minimiser():
     rng = np.random.default_rng(2)
     for w in (np.array([0.3, -0.2, 0.05]), 0.4 * rng.standard_normal(4)):
-        best = dyn.mu_star(w, N, D, S2)
+        best = flow.mu_star(w, N, D, S2)
         res = minimize(lambda m: dyn.approx_loss(w, m, N, D, S2), np.zeros_like(w),
                        jac=lambda m: dyn.approx_loss_grad(w, m, N, D, S2)[1], method="BFGS", options={"gtol": 1e-12})
         np.testing.assert_allclose(best, res.x, rtol=1e-5, atol=1e-6)
         assert dyn.approx_loss(w, best, N, D, S2) <= res.fun + 1e-12
     # batched, and the singular case (omega = 0) gives a finite minimiser
     W = 0.3 * rng.standard_normal((5, 3))
-    np.testing.assert_allclose(dyn.mu_star(W, N, D, S2)[2], dyn.mu_star(W[2], N, D, S2), rtol=1e-12)
-    m0 = dyn.mu_star([0.0, 0.0], N, D, S2)
+    np.testing.assert_allclose(flow.mu_star(W, N, D, S2)[2], flow.mu_star(W[2], N, D, S2), rtol=1e-12)
+    m0 = flow.mu_star([0.0, 0.0], N, D, S2)
     assert np.all(np.isfinite(m0)) and dyn.approx_loss([0.0, 0.0], m0, N, D, S2) == pytest.approx(1 + S2)
 
 
 def test_pair_manifold_closed_form():
     w = np.array([0.02, 0.13, 0.3, 0.6])
-    man = dyn.manifold(w, N, D, S2)
+    man = flow.manifold(w, N, D, S2)
     for i, wi in enumerate(w):
-        np.testing.assert_allclose(dyn.mu_star([wi, -wi], N, D, S2), [man.mu[i], -man.mu[i]], rtol=1e-10)
+        np.testing.assert_allclose(flow.mu_star([wi, -wi], N, D, S2), [man.mu[i], -man.mu[i]], rtol=1e-10)
     pair_loss = dyn.approx_loss(np.stack([w, -w], -1), np.stack([man.mu, -man.mu], -1), N, D, S2)
     np.testing.assert_allclose(pair_loss, man.loss, rtol=1e-12)
     np.testing.assert_allclose(man.loss, 1 + S2 - w**2 / (w**2 + C * np.sinh(D * w**2)), rtol=1e-12)
     np.testing.assert_allclose(man.step, 2 * w * man.mu, rtol=1e-12)
     assert np.all(np.diff(man.loss) > 0)  # the valley rises with omega...
     assert man.loss[1] - man.loss[0] < 2e-3  # ...and is almost flat near 0
-    at0 = dyn.manifold(0.0, N, D, S2)
-    assert float(at0.step) == pytest.approx(dyn.asymptotic_step(N, D, S2), rel=1e-15)
+    at0 = flow.manifold(0.0, N, D, S2)
+    assert float(at0.step) == pytest.approx(flow.asymptotic_step(N, D, S2), rel=1e-15)
     assert np.isinf(at0.mu)
-    assert dyn.asymptotic_step(N, D, S2) == pytest.approx(debiased_gd_optimal_step(N, D, S2), rel=1e-14)
-    assert dyn.asymptotic_step(N, D, S2) == pytest.approx(0.8791, abs=1e-4)
+    assert flow.asymptotic_step(N, D, S2) == pytest.approx(debiased_gd_optimal_step(N, D, S2), rel=1e-14)
+    assert flow.asymptotic_step(N, D, S2) == pytest.approx(0.8791, abs=1e-4)
 
 
 def test_fixed_points():
@@ -106,19 +107,19 @@ def test_fixed_points():
     # on mu = mu*(omega) the mu-part of the flow vanishes, for any omega and H
     rng = np.random.default_rng(3)
     W = 0.3 * rng.standard_normal((4, 3))
-    assert np.abs(dyn.flow_rhs(W, dyn.mu_star(W, N, D, S2), N, D, S2)[1]).max() < 1e-12
+    assert np.abs(dyn.flow_rhs(W, flow.mu_star(W, N, D, S2), N, D, S2)[1]).max() < 1e-12
     # for a pair on the manifold the omega-part is minus a quarter of the slope of the valley
     # (envelope theorem), so it vanishes like omega^3: the flow's only rest point with
     # 2 omega mu > 0 is the limit omega -> 0 of the manifold, with step asymptotic_step
     h = 1e-6
     for w in (0.05, 0.1, 0.2):
-        man = dyn.manifold(w, N, D, S2)
+        man = flow.manifold(w, N, D, S2)
         dw, _ = dyn.flow_rhs([w, -w], [man.mu, -man.mu], N, D, S2)
-        slope = (dyn.manifold(w + h, N, D, S2).loss - dyn.manifold(w - h, N, D, S2).loss) / (2 * h)
+        slope = (flow.manifold(w + h, N, D, S2).loss - flow.manifold(w - h, N, D, S2).loss) / (2 * h)
         assert dw[0] == pytest.approx(-slope / 4, rel=1e-5)
         assert dw[1] == pytest.approx(slope / 4, rel=1e-5)
     r = [abs(dyn.flow_rhs([w, -w], [m, -m], N, D, S2)[0][0]) / w**3
-         for w in (1e-2, 2e-3) for m in [float(dyn.manifold(w, N, D, S2).mu)]]
+         for w in (1e-2, 2e-3) for m in [float(flow.manifold(w, N, D, S2).mu)]]
     assert r[1] == pytest.approx(r[0], rel=0.01)
 
 
@@ -147,13 +148,13 @@ def test_two_head_trajectory(two_head):
     assert at(w, 200) == pytest.approx(0.27, abs=0.005)
     step = 2 * w * m
     assert step[-1] == pytest.approx(0.87, abs=0.005)
-    assert abs(step[-1] / dyn.asymptotic_step(N, D, S2) - 1) < 0.02
+    assert abs(step[-1] / flow.asymptotic_step(N, D, S2) - 1) < 0.02
     assert tr.loss[0] == pytest.approx(1.10, abs=0.005)
     assert at(tr.loss, 8) == pytest.approx(0.28, abs=0.005)
     assert tr.loss[-1] == pytest.approx(0.223, abs=1e-3)
     assert np.all(np.diff(tr.loss) <= 1e-12)  # gradient flow never increases the loss
     # at the end the flow sits next to the manifold: mu close to mu*(omega)
-    assert m[-1] == pytest.approx(float(dyn.manifold(w[-1], N, D, S2).mu), rel=0.02)
+    assert m[-1] == pytest.approx(float(flow.manifold(w[-1], N, D, S2).mu), rel=0.02)
 
 
 def test_ode_phases(two_head):
@@ -257,8 +258,8 @@ def test_fit_time_scale_recovers_a_known_map(two_head):
                                       (dict(n=2.5), "n"), (dict(sigma2=math.inf), "sigma2")])
 def test_bad_parameters_are_named(kw, name):
     args = dict(n=N, d=D, sigma2=S2) | kw
-    for f in (lambda: dyn.approx_loss([0.1], [1.0], **args), lambda: dyn.mu_star([0.1, -0.1], **args),
-              lambda: dyn.manifold(0.1, **args), lambda: dyn.gradient_flow([0.1], [0.1], 1.0, **args)):
+    for f in (lambda: dyn.approx_loss([0.1], [1.0], **args), lambda: flow.mu_star([0.1, -0.1], **args),
+              lambda: flow.manifold(0.1, **args), lambda: dyn.gradient_flow([0.1], [0.1], 1.0, **args)):
         with pytest.raises(ValueError, match=rf"^{name}="):
             f()
 

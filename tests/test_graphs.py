@@ -1,11 +1,13 @@
 """The CUDA-graph training path, read against PyTorch's capture rules.
 
-On the CPU: one training block (what a CUDA graph records) of every model and task runs under a
-dispatch mode that rejects what a capture cannot hold (host syncs such as ``.item()``,
-``nonzero``, tensors made fresh from host data), and the static buffers a graph replays on
-keep their addresses across an eager stand-in's replays. On CUDA (skipped without one): a run
-with a partial block, replays counted, the parameters moving in every replay, a run on a
-second device, and CPU = CUDA in float64 on identical batches.
+On the CPU: one training block (what a CUDA graph records) of every model and task (chapter 6's
+two-output step included) runs under a dispatch mode that rejects what a capture cannot hold
+(host syncs such as ``.item()``, ``nonzero``, tensors made fresh from host data), and the
+static buffers a graph replays on keep their addresses across an eager stand-in's replays. On
+CUDA (skipped without one), the one graphs-versus-eager suite: every case (and the default
+five-member ensemble) captures without a warning, replays are counted, the parameters move in
+every replay and the result equals the eager run; a run on a second device; CPU = CUDA in
+float64 on identical batches.
 """
 
 import warnings
@@ -23,11 +25,12 @@ TINY = dict(d=3, n=6, batch=16, steps=47, log_every=10, lr=1e-2, device="cpu", d
 CASES = {  # every model and the task paths (shared stream, per-member streams)
     "softmax-shared": dict(heads=(1, 2, 3)),
     "softmax-members": dict(heads=(1, 2, 2), member_params=({"sigma2": 0.0}, {"rho": 0.5}, {})),
-    "softmax-two-outputs": dict(task="softmax_regression", heads=(1, 2)),
+    "softmax-two-outputs": dict(task="multitask", heads=(1, 2, 3)),  # chapter 6's two-output step
+    "softmax-regression": dict(task="softmax_regression", heads=(1, 2)),  # chapter 1's task
     "normalized": dict(model="normalized", heads=(1, 2), model_params={"activation": "sigmoid"}),
     "linear": dict(model="linear", heads=(2,)),
-    "kernel-grid": dict(model="kernel", task="lipschitz", heads=(1, 1, 1), member_params=tuple(
-        {"function": f, "L": 1.0} for f in ("affine", "relu", "cosine"))),
+    "kernel-grid": dict(model="kernel", task="lipschitz", heads=(1,) * 6, member_params=tuple(
+        {"function": f, "L": L, "rho": r} for f in ("affine", "relu", "cosine") for L, r in ((0.5, 0), (2.0, 0.3)))),
     "kernel-linear": dict(model="kernel_linear", task="lipschitz", heads=(1,)),
     "kernel-sum": dict(model="kernel_sum", heads=(2,), optimizer="sgd"),
 }
@@ -125,12 +128,15 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU = dict(d=5, n=40, batch=256, lr=1e-3, device="cuda", dtype="float32")
 
 
+GPU_CASES = {**CASES, "softmax-default": dict(heads=(1, 2, 3, 4, 8))}  # the engine's default ensemble
+
+
 @cuda
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_graphs_replay_every_full_block_on_the_gpu(case, monkeypatch):
-    """250 steps in blocks of 100: a warm-up, one capture replayed once, a partial block of 50
-    eagerly; the parameters move in the replay; the result equals the eager run; no warning."""
-    cfg = TrainConfig(**{**TINY, **GPU, "steps": 250, "log_every": 100, **CASES[case]})
+    """350 steps in blocks of 100: a warm-up, one capture replayed twice, a partial block of 50
+    eagerly; the parameters move in every replay; the result equals the eager run; no warning."""
+    cfg = TrainConfig(**{**TINY, **GPU, "steps": 350, "log_every": 100, **GPU_CASES[case]})
     replays, moved = [], []
     real = engine.cuda_graph_capture
 
@@ -160,8 +166,8 @@ def test_graphs_replay_every_full_block_on_the_gpu(case, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         graphs = engine.train(cfg, cache=False)
-    assert graphs.training == "cuda graphs" and graphs.replayed_steps == 100 and eager.training == "eager"
-    assert len(replays) == 1 and all(moved)
+    assert graphs.training == "cuda graphs" and graphs.replayed_steps == 200 and eager.training == "eager"
+    assert len(replays) == 2 and all(moved)
     torch.testing.assert_close(graphs.model.flat, eager.model.flat, rtol=0, atol=1e-5)
     np.testing.assert_allclose(graphs.history.loss, eager.history.loss, rtol=1e-5)
 

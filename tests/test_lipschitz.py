@@ -1,7 +1,7 @@
 """Chapters 4 and 5's library: the Lipschitz task (shapes, seeds, the classes' Lipschitz constants,
 covariates, the low-rank direction and the links), the kernel units against the naive nn.Linear
-reference (outputs and gradients, float64, shared and per-member prompts), the metrics of a
-kernel matrix and chapter 4's window analysis."""
+reference (outputs and gradients, float64, shared and per-member prompts), the distance of a
+kernel matrix from a multiple of another and chapter 4's window analysis."""
 
 import math
 
@@ -259,7 +259,7 @@ def test_kernel_unit_and_linear_attention_fit():
     p = t[0].sample(50, _gen(), dtype=F64)
     unit = lp.kernel_unit(np.stack([2.0 * np.eye(3), np.zeros((3, 3))]), dtype=F64)
     out = unit(p.X, p.y, p.xq)
-    torch.testing.assert_close(out[0], (circuits.kernel_weights(p.X, p.xq, 2.0) * p.y).sum(-1))
+    torch.testing.assert_close(out[0], (lp.kernel_weights(p.X, p.xq, 2.0) * p.y).sum(-1))
     torch.testing.assert_close(out[1], p.y.mean(-1))  # M = 0: the context mean
     fit = lp.fit_linear_attention(t, num_prompts=4000, seed=1)
     plain = lp.fit_linear_attention(t, intercept=False, num_prompts=4000, seed=1)
@@ -292,7 +292,7 @@ def test_window_curves_match_the_unit_with_M_wI():
     np.testing.assert_allclose(risk, c["bias"] + 0.16 * c["spread"], rtol=0, atol=4 * se.max() + 4e-3)
     assert np.all(c["spread"] >= 1 / 10) and c["spread"][0] < c["spread"][1]  # spread 1/n at w = 0
     p = t.sample(4, _gen())
-    wts = circuits.kernel_weights(p.X, p.xq, 4.0)
+    wts = lp.kernel_weights(p.X, p.xq, 4.0)
     torch.testing.assert_close(wts, torch.softmax(4.0 * (p.X @ p.xq[..., None])[..., 0], -1))
 
 
@@ -328,18 +328,3 @@ def test_subspace_per_member_and_rank_zero_unchanged():
     r = torch.empty(7 * 12 * 6 + 2 * 7 * 5).normal_(generator=_gen(3))
     q = r[-7 * 5 :].view(7, 5)
     torch.testing.assert_close(tasks[3].sample(7, _gen(3)).info["w"], q / q.norm(dim=-1, keepdim=True))
-
-
-def test_matrix_metrics_of_a_kernel_matrix():
-    B = LipschitzRegression(d=6, n=5, rank=2, subspace_seed=0).subspace.numpy()
-    M = 3 * B @ B.T + 0.01 * np.eye(6)
-    assert circuits.window(M) == pytest.approx((6 + 0.06) / 6)
-    np.testing.assert_allclose(circuits.principal_angles(M, B), 0, atol=1e-6)
-    assert circuits.subspace_ratio(M, B) < 0.02
-    other = np.eye(6)[:, :2]
-    ang = circuits.principal_angles(np.diag([5.0, 4, 1, 1, 1, 1]), other)
-    np.testing.assert_allclose(ang, 0, atol=1e-7)
-    ang = circuits.principal_angles(np.diag([1.0, 1, 5, 4, 1, 1]), other)
-    np.testing.assert_allclose(ang, np.pi / 2, atol=1e-7)
-    # the top-|eigenvalue| space: a large negative eigenvalue counts
-    assert abs(circuits.top_eigenspace(np.diag([1.0, -7, 2]), 1)[1, 0]) == pytest.approx(1, abs=1e-12)

@@ -1,5 +1,5 @@
-"""Chapter 5's library: the recovery metrics of a kernel matrix against a subspace col(B)
-(rho, principal angles, the best c B B^T, the B-aligned basis) on exact and random matrices,
+"""Chapter 5's library: the recovery metrics of a kernel matrix against a subspace col(U)
+(rho, principal angles, the best c U U^T, the U-aligned basis) on exact and random matrices,
 the kernel predictors of a fixed M against the registered kernel units, paired errors on
 common prompts and the best member of a grid, the slope of the risk along a direction against
 finite differences, the even links' missing first-order signal and the small init."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.analysis import circuits
 from iclnb.analysis import predictors as pr
+from iclnb.chapters import ch05_low_rank as lr
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import LipschitzRegression, random_subspace
 
@@ -29,24 +29,24 @@ def test_multiple_of_the_projector_is_recovered(c, k):
     B = _B(k=k)
     A = np.random.default_rng(0).normal(size=(7, 7))
     M = c * B @ B.T + (A - A.T)  # an antisymmetric part: the metrics read M_s
-    assert circuits.subspace_ratio(M, B) == pytest.approx(0, abs=1e-12)
-    np.testing.assert_allclose(circuits.principal_angles(M, B), 0, atol=1e-6)
-    cc, e = circuits.projector_fit(M, B)
+    assert lr.subspace_ratio(M, B) == pytest.approx(0, abs=1e-12)
+    np.testing.assert_allclose(lr.principal_angles(M, B), 0, atol=1e-6)
+    cc, e = lr.projector_fit(M, B)
     assert cc == pytest.approx(c) and e == pytest.approx(0, abs=1e-12)
-    r = circuits.recovery(M, B)
+    r = lr.recovery(M, B)
     assert r["rho"] == pytest.approx(0, abs=1e-12) and r["angle"] < 1e-4 and r["c"] == pytest.approx(c)
     assert r["norm"] == pytest.approx(abs(c) * math.sqrt(k))
     # any basis of col(B) gives the same numbers
     G = B @ np.random.default_rng(1).normal(size=(k, k))
-    assert circuits.projector_fit(M, G) == pytest.approx((cc, e), abs=1e-9)
-    assert circuits.subspace_ratio(M, G) == pytest.approx(0, abs=1e-9)
+    assert lr.projector_fit(M, G) == pytest.approx((cc, e), abs=1e-9)
+    assert lr.subspace_ratio(M, G) == pytest.approx(0, abs=1e-9)
 
 
 @pytest.mark.parametrize("d,k", [(10, 1), (10, 3), (5, 2)])
 def test_isotropic_window_values(d, k):
     B = _B(d, k)
-    assert circuits.subspace_ratio(2.5 * np.eye(d), B) == pytest.approx(math.sqrt((d - k) / k))
-    c, e = circuits.projector_fit(2.5 * np.eye(d), B)
+    assert lr.subspace_ratio(2.5 * np.eye(d), B) == pytest.approx(math.sqrt((d - k) / k))
+    c, e = lr.projector_fit(2.5 * np.eye(d), B)
     assert c == pytest.approx(2.5) and e == pytest.approx(math.sqrt((d - k) / d))
 
 
@@ -61,28 +61,28 @@ def test_random_matrix_gives_theory_on_average():
     out_sq = in_sq = cos2 = 0.0
     for _ in range(N):
         M = rng.normal(size=(d, d))
-        Ms = circuits.symmetric_part(M)
+        Ms = lr.symmetric_part(M)
         out_sq += np.linalg.norm(P @ Ms @ P) ** 2
         in_sq += np.linalg.norm(B.T @ Ms @ B) ** 2
-        cos2 += float(np.sum(np.cos(circuits.principal_angles(M, B)) ** 2))
+        cos2 += float(np.sum(np.cos(lr.principal_angles(M, B)) ** 2))
     assert out_sq / in_sq == pytest.approx((d - k) * (d - k + 1) / (k * (k + 1)), rel=0.05)
     assert cos2 / N == pytest.approx(k * k / d, abs=0.03)  # sd of the mean about 0.006
 
 
 def test_aligned_basis_and_stack():
     B = _B(6, 2)
-    Q = circuits.aligned_basis(B)
+    Q = lr.aligned_basis(B)
     np.testing.assert_allclose(Q.T @ Q, np.eye(6), atol=1e-12)
     np.testing.assert_array_equal(Q[:, :2], B)
-    A = circuits.aligned(4 * B @ B.T, B)
+    A = lr.aligned(4 * B @ B.T, B)
     np.testing.assert_allclose(A, np.diag([4.0, 4, 0, 0, 0, 0]), atol=1e-12)
     stack = np.stack([np.eye(6), 2 * B @ B.T, B @ B.T + 0.1 * np.eye(6)])
-    r = circuits.recovery(stack, B)
+    r = lr.recovery(stack, B)
     assert r["rho"].shape == (3,)
     for j in range(3):
-        one = circuits.recovery(stack[j], B)
+        one = lr.recovery(stack[j], B)
         assert all(one[key] == pytest.approx(r[key][j]) for key in one)
-    assert circuits.aligned(stack, B).shape == (3, 6, 6)
+    assert lr.aligned(stack, B).shape == (3, 6, 6)
 
 
 # ---- predictors of a fixed M ----------------------------------------------------------------------
@@ -93,31 +93,31 @@ def test_kernel_predict_matches_the_models(name, linear):
     model = MODELS[name](4, heads=[1, 1], seeds=[1, 2], dtype=F64, device="cpu", factorized=False)
     Ms = model.matrix().detach()
     ref = model(p.X, p.y, p.xq)  # (2, B)
-    torch.testing.assert_close(pr.kernel_predict(Ms, linear=linear)(p.X, p.y, p.xq), ref)
-    torch.testing.assert_close(pr.kernel_predict(Ms[1].numpy(), linear=linear)(p.X, p.y, p.xq), ref[1])
+    torch.testing.assert_close(lr.kernel_predict(Ms, linear=linear)(p.X, p.y, p.xq), ref)
+    torch.testing.assert_close(lr.kernel_predict(Ms[1].numpy(), linear=linear)(p.X, p.y, p.xq), ref[1])
     with pytest.raises(ValueError, match="matrices"):
-        pr.kernel_predict(np.eye(3))(p.X, p.y, p.xq)
+        lr.kernel_predict(np.eye(3))(p.X, p.y, p.xq)
 
 
 def test_squared_errors_and_best_on_grid():
     t = LipschitzRegression(d=3, n=8, function="linear", rank=1, sigma=0.0)
     grid = np.array([0.0, 2.0, 8.0])
-    fam = {"grid": pr.kernel_predict(grid[:, None, None] * np.eye(3)), "ref": pr.kernel_predict(2 * np.eye(3))}
-    e = pr.squared_errors(fam, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
-    again = pr.squared_errors({"ref": fam["ref"]}, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
+    fam = {"grid": lr.kernel_predict(grid[:, None, None] * np.eye(3)), "ref": lr.kernel_predict(2 * np.eye(3))}
+    e = lr.squared_errors(fam, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
+    again = lr.squared_errors({"ref": fam["ref"]}, t, num_prompts=500, seed=3, stream=("s", 1), dtype=F64)
     assert e["grid"].shape == (3, 500) and e["ref"].shape == (500,)
     np.testing.assert_array_equal(again["ref"], e["ref"])  # seeded: the same prompts
     np.testing.assert_allclose(e["grid"][1], e["ref"])
     assert pr.mc_risk(fam["ref"], t, num_prompts=500, seed=3, stream="x", dtype=F64) != pytest.approx(
         e["ref"].mean())  # another stream: other prompts
-    b = pr.best_on_grid(e["grid"], e["ref"])
+    b = lr.best_on_grid(e["grid"], e["ref"])
     j = int(np.argmin(e["grid"].mean(1)))
     assert b["index"] == j and b["risk"] == pytest.approx(e["grid"][j].mean())
     diff = e["grid"][j] - e["ref"]
     assert b["gap"] == pytest.approx(diff.mean()) and b["gap_se"] == pytest.approx(diff.std(ddof=1) / math.sqrt(500))
     assert b["ratio"] == pytest.approx(e["ref"].mean() / e["grid"][j].mean())
     with pytest.raises(ValueError, match="reference"):
-        pr.best_on_grid(e["grid"], e["ref"][:10])
+        lr.best_on_grid(e["grid"], e["ref"][:10])
 
 
 def test_loss_slope_matches_finite_differences():
@@ -125,9 +125,9 @@ def test_loss_slope_matches_finite_differences():
     B = t.subspace.numpy()
     M = np.random.default_rng(0).normal(size=(4, 4))
     D = B @ B.T
-    slope, se = pr.kernel_loss_slope(M, D, t, num_prompts=3000, seed=1, stream="fd")
+    slope, se = lr.kernel_loss_slope(M, D, t, num_prompts=3000, seed=1, stream="fd")
     h = 1e-5
-    e = pr.squared_errors({"p": pr.kernel_predict(M + h * D), "m": pr.kernel_predict(M - h * D)}, t,
+    e = lr.squared_errors({"p": lr.kernel_predict(M + h * D), "m": lr.kernel_predict(M - h * D)}, t,
                           num_prompts=3000, seed=1, stream="fd", dtype=F64)
     assert slope == pytest.approx((e["p"].mean() - e["m"].mean()) / (2 * h), rel=1e-6)
     assert se > 0
@@ -140,7 +140,7 @@ def test_even_links_have_no_first_order_signal():
     for link, zero in (("linear", False), ("quadratic", True), ("cos4", True)):
         t = LipschitzRegression(d=d, n=40, function=link, rank=1, sigma=0.0)
         B = t.subspace.numpy()
-        slope, se = pr.kernel_loss_slope(np.zeros((d, d)), B @ B.T, t, num_prompts=20000, seed=0)
+        slope, se = lr.kernel_loss_slope(np.zeros((d, d)), B @ B.T, t, num_prompts=20000, seed=0)
         if zero:
             assert abs(slope) < 4 * se
         else:
@@ -159,3 +159,17 @@ def test_kernel_unit_init_scale():
     torch.testing.assert_close(direct.matrix()[0], 0.01 * base.matrix()[0])
     with pytest.raises(ValueError, match="init_scale"):
         MODELS["kernel"](5, heads=[1, 1], init_scale=[0.1])
+
+
+def test_matrix_metrics_of_a_kernel_matrix():
+    U = LipschitzRegression(d=6, n=5, rank=2, subspace_seed=0).subspace.numpy()
+    M = 3 * U @ U.T + 0.01 * np.eye(6)
+    np.testing.assert_allclose(lr.principal_angles(M, U), 0, atol=1e-6)
+    assert lr.subspace_ratio(M, U) < 0.02
+    other = np.eye(6)[:, :2]
+    ang = lr.principal_angles(np.diag([5.0, 4, 1, 1, 1, 1]), other)
+    np.testing.assert_allclose(ang, 0, atol=1e-7)
+    ang = lr.principal_angles(np.diag([1.0, 1, 5, 4, 1, 1]), other)
+    np.testing.assert_allclose(ang, np.pi / 2, atol=1e-7)
+    # the top-|eigenvalue| space: a large negative eigenvalue counts
+    assert abs(lr.top_eigenspace(np.diag([1.0, -7, 2]), 1)[1, 0]) == pytest.approx(1, abs=1e-12)

@@ -89,7 +89,7 @@ def test_two_output_model_against_the_naive_reference():
     kq[:, range(6), range(6)] = om
     ov = np.zeros((2, 8, 2))
     ov[:, 6, 0], ov[:, 7, 1] = mu[:, 0], mu[:, 1]
-    torch.testing.assert_close(pr.diag_kernel_sum_predict(p.X, p.y, p.xq, om, mu),
+    torch.testing.assert_close(sp.diag_kernel_sum_predict(p.X, p.y, p.xq, om, mu),
                                circuits.forward(kq, ov, p.Z, p.xq))
 
 
@@ -98,32 +98,32 @@ def test_preconditioned_gd_and_its_special_cases():
     t = make_task("multitask", 6, 12)
     p = t.sample(7, _gen(3), "cpu", F64)
     eta = 0.7
-    torch.testing.assert_close(pr.preconditioned_dgd_predict(p.X, p.y, p.xq, np.full(6, eta)),
+    torch.testing.assert_close(sp.preconditioned_dgd_predict(p.X, p.y, p.xq, np.full(6, eta)),
                                pr.debiased_gd_predict(p.X, p.y, p.xq, eta))
-    W = pr.support_dgd_weights(t)
+    W = sp.support_dgd_weights(t)
     for tt, s in enumerate(t.supports):
         cols = [j - 1 for j in s]
         ref = pr.debiased_gd_predict(p.X[..., cols], p.y[..., tt], p.xq[..., cols], W[tt, cols[0]])
-        torch.testing.assert_close(pr.preconditioned_dgd_predict(p.X, p.y, p.xq, W)[:, tt], ref)
-        torch.testing.assert_close(pr.support_ridge_predict(p.X, p.y, p.xq, t)[:, tt],
+        torch.testing.assert_close(sp.preconditioned_dgd_predict(p.X, p.y, p.xq, W)[:, tt], ref)
+        torch.testing.assert_close(sp.support_ridge_predict(p.X, p.y, p.xq, t)[:, tt],
                                    pr.ridge_predict(p.X[..., cols], p.y[..., tt], p.xq[..., cols], 4 * 0.1))
     assert W[0, 0] == pytest.approx(12 / (12 + 4 * 1.1)) and W[0, 5] == 0
     with pytest.raises(ValueError, match="^w="):
-        pr.preconditioned_dgd_predict(p.X, p.y, p.xq, np.ones(5))
+        sp.preconditioned_dgd_predict(p.X, p.y, p.xq, np.ones(5))
     # one uniform omega per head: the diagonal kernel sum is the plain kernel sum
-    torch.testing.assert_close(pr.diag_kernel_sum_predict(p.X, p.y, p.xq, np.full((2, 6), [[0.3], [-0.1]]),
+    torch.testing.assert_close(sp.diag_kernel_sum_predict(p.X, p.y, p.xq, np.full((2, 6), [[0.3], [-0.1]]),
                                                           [[1.0, 2.0], [-1.0, 0.5]]),
                                pr.kernel_sum_predict(p.X, p.y, p.xq, [0.3, -0.1], [[1.0, 2.0], [-1.0, 0.5]]))
 
 
 def test_support_dgd_risk_closed_form_by_monte_carlo():
     t = make_task("multitask", 6, 16, sigma2=0.2)
-    exact = pr.support_dgd_risk(t)
-    W = pr.support_dgd_weights(t)
-    risk, se = pr.mc_risk(lambda X, y, xq: pr.preconditioned_dgd_predict(X, y, xq, W), t,
+    exact = sp.support_dgd_risk(t)
+    W = sp.support_dgd_weights(t)
+    risk, se = pr.mc_risk(lambda X, y, xq: sp.preconditioned_dgd_predict(X, y, xq, W), t,
                           num_prompts=60_000, dtype=F64, return_se=True)
     assert abs(risk - exact.mean()) < 4 * se
-    both = pr.mc_risk(lambda X, y, xq: pr.preconditioned_dgd_predict(X, y, xq, W), t, num_prompts=60_000,
+    both = pr.mc_risk(lambda X, y, xq: sp.preconditioned_dgd_predict(X, y, xq, W), t, num_prompts=60_000,
                       dtype=F64, per_output=True)
     assert both.shape == (2,) and both.mean() == pytest.approx(risk, rel=1e-12)
     # the step is the optimum: a step 10% off is worse in closed form
@@ -137,10 +137,10 @@ def test_fit_preconditioner_recovers_a_known_one():
     t = make_task("multitask", 6, 10)
     p = t.sample(300, _gen(4), "cpu", F64)
     w = np.array([[0.5, -0.2, 0.1, 0.3, 0.0, 0.9], [0.2, 0.2, 0.2, 0.2, 0.2, 0.2]])
-    p.yq = pr.preconditioned_dgd_predict(p.X, p.y, p.xq, w)  # exactly linear in the features
-    np.testing.assert_allclose(pr.fit_preconditioner(p, shared=False), w, atol=1e-9)
-    p.yq = pr.preconditioned_dgd_predict(p.X, p.y, p.xq, w[0])
-    np.testing.assert_allclose(pr.fit_preconditioner(p, shared=True), w[0], atol=1e-9)
+    p.yq = sp.preconditioned_dgd_predict(p.X, p.y, p.xq, w)  # exactly linear in the features
+    np.testing.assert_allclose(sp.fit_preconditioner(p, shared=False), w, atol=1e-9)
+    p.yq = sp.preconditioned_dgd_predict(p.X, p.y, p.xq, w[0])
+    np.testing.assert_allclose(sp.fit_preconditioner(p, shared=True), w[0], atol=1e-9)
 
 
 # ---- the mode rules -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from iclnb.bookkit import runner
+from iclnb.bookkit import book, runner
 
 
 def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):
@@ -43,6 +43,19 @@ def test_failed_claim_is_enforced_at_defaults_but_not_in_smoke(chapter, tmp_path
     assert r.ok and r.claims_failed == 1 and "not enforced" in r.summary()
 
 
+def test_claims_not_enforced_at_the_defaults_never_read_as_passing(chapter, tmp_path, monkeypatch):
+    """``-p enforce_claims False`` at the defaults: the claims hold, but nothing was enforced, so
+    neither the summary nor the Reproducibility page says the chapter passed."""
+    r = run(chapter, tmp_path, {"enforce_claims": False})
+    assert r.ok and r.claims["enforced"] is False and r.status == "claims not enforced"
+    assert r.summary().rstrip().endswith("claims not enforced") and " ok" not in r.summary()
+    monkeypatch.setattr(runner, "REPRO_PAGE", tmp_path / "repro.md")
+    row = next(line for line in runner.write_reproducibility_page([r]).read_text().splitlines()
+               if line.startswith("| 98. Synthetic |"))
+    assert row.endswith("| claims not enforced |")
+    assert run(chapter, tmp_path).status == "pass"
+
+
 def test_failing_cell_is_reported_and_partial_notebook_kept(chapter, tmp_path):
     r = run(chapter, tmp_path, {"fail_at": "cell"})
     assert not r.ok and "RuntimeError: boom" in r.error and "cell" in r.error
@@ -65,10 +78,12 @@ def test_reproducibility_page(chapter, tmp_path, monkeypatch):
     assert "that is cpu (" in page or "that is cuda:" in page  # the device used, not only the parameter
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page
     assert "| pass |" in page and "n-min" in page and "n of 2: 2 (fails)" in page
-    # the book's scorecard: every seed claim in scope with the paper's value, ours, and the result
+    # the book's scorecard: counts per chapter, then every claim in scope with its null's kind, the
+    # threshold's basis, the verdict at this run and over seeds, the paper's value, ours, the null's
     card = page[page.index("## Scorecard"):]
-    assert "| 98. Synthetic" in card and "| n-min | n is at least 5 |  | 5 | 10 | 2 | reproduced |" in card
-    assert "| n-rate |" in card and "| not attempted |" in card
+    assert "| 98. Synthetic |" in card and "| **all chapters** |" in card and "no record" in card
+    assert "| 98. Synthetic | n-min | n is at least 5 |" in card and "| n-rate |" in card
+    assert "not attempted" in card
 
 
 @pytest.mark.parametrize("env, url", [
@@ -78,20 +93,20 @@ def test_reproducibility_page(chapter, tmp_path, monkeypatch):
 ])
 def test_repository_url_from_the_environment(monkeypatch, env, url):
     monkeypatch.setenv("ICLNB_REPO_URL", env)
-    assert runner.repository_url() == url
+    assert book.repository_url() == url
 
 
 def test_repository_url_must_be_a_web_address(monkeypatch):
     monkeypatch.setenv("ICLNB_REPO_URL", "git@github.com:iclnb/iclnb.git")
     with pytest.raises(runner.ParameterError, match="http"):
-        runner.repository_url()
+        book.repository_url()
 
 
 def test_book_config_has_a_repository_button_only_with_a_url(tmp_path):
     import yaml
 
     for url in ("https://github.com/iclnb/iclnb", ""):
-        config = yaml.safe_load(runner.write_book_config(url, tmp_path / "config.yml").read_text())
+        config = yaml.safe_load(book.write_book_config(url, tmp_path / "config.yml").read_text())
         assert config["html"]["use_repository_button"] is bool(url)
         assert config.get("repository", {}).get("url", "") == url
         assert config["sphinx"] == yaml.safe_load((runner.ROOT / "_config.yml").read_text())["sphinx"]

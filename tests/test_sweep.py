@@ -41,6 +41,12 @@ def test_resume_and_a_failing_run(chapter, tmp_path):
     again = sweep.sweep(chapter, {"fail_at": ["", "cell"]}, jobs=1, out=out, log=lines.append)
     assert "1 already done, 1 to run" in lines[0]  # the finished run is skipped, the failed one retried
     assert ok_record.stat().st_mtime_ns == stamp and len(again.records) == 2
+    # a run of another version of the chapter's source is not resumed: it runs again
+    assert json.loads(ok_record.read_text())["source_sha256"] == sweep.source_sha256(chapter.path)
+    chapter.path.write_text(chapter.path.read_text().replace("n = 10  # a count", "n = 11  # a count"))
+    lines.clear()
+    sweep.sweep(chapter, {"fail_at": [""]}, jobs=1, out=out, log=lines.append)
+    assert "1 runs, 0 already done, 1 to run" in lines[0] and ok_record.stat().st_mtime_ns != stamp
 
 
 def test_bad_names_and_values_fail_before_anything_runs(chapter, tmp_path):

@@ -57,20 +57,87 @@ def test_matches_autograd_and_torch_adam(captured):
     torch.testing.assert_close(logs["loss"][:-1], logged, rtol=0, atol=1e-12)
 
 
-def test_lean_adam_is_torch_fused_adam():
-    """The CPU's lean Adam step makes the same numbers as torch's fused Adam, bit for bit."""
-    from iclnb.engine.train import LeanAdam
+def _adam_steps(cls, steps=30, **kwargs):
+    """``steps`` Adam steps of ``cls`` on one parameter whose ONE gradient tensor is refilled in
+    place every step (as training does): LeanAdam's cached argument lists are reused."""
+    p, gen = torch.nn.Parameter(torch.ones(50)), torch.Generator().manual_seed(0)
+    p.grad = torch.empty(50)
+    grad = p.grad
+    opt = cls([p], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, **kwargs)
+    for _ in range(steps):
+        torch.randn(50, generator=gen, out=grad)
+        opt.step()
+    assert p.grad is grad
+    return p.detach(), opt
 
-    params, gen = [], torch.Generator().manual_seed(0)
-    for cls in (torch.optim.Adam, LeanAdam):
-        p = torch.nn.Parameter(torch.ones(50))
-        opt = cls([p], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, fused=True)
-        gen.manual_seed(0)
-        for _ in range(30):
-            p.grad = torch.randn(50, generator=gen)
-            opt.step()
-        params.append((p.detach(), opt.state[p]["step"]))
-    assert torch.equal(params[0][0], params[1][0]) and params[0][1] == params[1][1] == 30
+
+def test_lean_adam_is_torch_fused_adam():
+    """The CPU's lean Adam step makes the same numbers as torch's fused Adam, bit for bit, and
+    after the first step (torch's) it reuses its argument lists."""
+    from iclnb.engine.optim import LeanAdam
+
+    ref, ref_opt = _adam_steps(torch.optim.Adam, fused=True)
+    lean = {}
+    real = LeanAdam._lean_lists
+
+    def counting(self, closure):
+        lean["builds"] = lean.get("builds", 0) + 1
+        return real(self, closure)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LeanAdam, "_lean_lists", counting)
+        p, opt = _adam_steps(LeanAdam, fused=True)
+    assert torch.equal(ref, p) and ref_opt.state[ref_opt.param_groups[0]["params"][0]]["step"] == 30
+    assert opt.state[opt.param_groups[0]["params"][0]]["step"] == 30
+    assert lean["builds"] == 2  # the first step (no state yet: torch's step) and the second; then reused
+
+
+@pytest.mark.parametrize("broken", ["missing", "signature"])
+def test_lean_adam_falls_back_to_torch_adam(broken, monkeypatch):
+    """Without torch's private fused kernel (or with one that does not take LeanAdam's call),
+    LeanAdam warns once and gives torch's own Adam's numbers (fused off), bit for bit."""
+    from iclnb.engine import optim
+
+    if broken == "missing":
+        monkeypatch.delattr(torch, "_fused_adam_")
+    else:
+        def other_signature(*args, **kwargs):
+            raise TypeError("_fused_adam_() got an unexpected keyword argument 'beta1'")
+        monkeypatch.setattr(torch, "_fused_adam_", other_signature)
+    monkeypatch.setattr(optim, "_WARNED", [False])
+    ref, _ = _adam_steps(torch.optim.Adam)
+    with pytest.warns(UserWarning, match="torch's own Adam") as record:
+        p, opt = _adam_steps(optim.LeanAdam, fused=True)
+    assert len(record) == 1 and optim.fused_adam_kernel() is None
+    assert torch.equal(ref, p) and not opt.param_groups[0]["fused"]
+    monkeypatch.undo()
+    assert optim.fused_adam_kernel() is torch._fused_adam_  # probed again: the real kernel takes the call
+
+
+def test_untrained_switch(tmp_path, monkeypatch):
+    """ICLNB_UNTRAINED=1: every model at its init, the step-0 log only, no cache read or written,
+    and the runs record says so."""
+    import json
+
+    from iclnb.engine.train import RUNS_ENV, UNTRAINED_ENV
+
+    cfg = TrainConfig(heads=(1, 2), **TINY)
+    trained = train(cfg)  # cached
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs.jsonl"))
+    monkeypatch.setenv(UNTRAINED_ENV, "1")
+    cache_path(cfg).unlink()
+    run = train(cfg)
+    assert not cache_path(cfg).exists() and not run.from_cache and run.training == "untrained"
+    assert torch.equal(run.model.flat, build_model(cfg).flat)
+    h = run.history
+    assert h.steps.tolist() == [0] and h.loss.shape == (2, 1) and h.omega[1].shape == (1, 2)
+    np.testing.assert_allclose(h.loss[:, 0], trained.history.loss[:, 0], rtol=1e-12)  # the same first batch
+    np.testing.assert_allclose(h.kq[1][0], trained.history.kq[1][0])
+    line = json.loads((tmp_path / "runs.jsonl").read_text())
+    assert line["untrained"] is True and line["training"] == "untrained" and not line["from_cache"]
+    monkeypatch.setenv(UNTRAINED_ENV, "0")
+    assert train(cfg).training == "eager"
+    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[-1])["untrained"] is False
 
 
 def test_loss_decreases():
@@ -292,28 +359,3 @@ def test_nan_guard_reads_the_previous_block_after_the_next():
         with pytest.raises(FloatingPointError, match=rf"member 1 \(heads=2\) has loss nan at step {bad_step}"):
             _fit(cfg, model, show=False)
         assert steps[0] == min(10 * blocks_run, cfg.steps)
-
-
-GPU_CASES = {
-    "softmax-shared": dict(heads=(1, 2, 3, 4, 8)),
-    "softmax-members-rho": dict(heads=(1, 2, 2), member_params=({"sigma2": 0.0}, {"rho": 0.5}, {})),
-    "kernel-grid": dict(model="kernel", task="lipschitz", heads=(1,) * 6, member_params=tuple(
-        {"function": f, "L": L, "rho": r} for f in ("affine", "relu", "cosine") for L, r in ((0.5, 0), (2.0, 0.3)))),
-    "kernel-linear": dict(model="kernel_linear", task="lipschitz", heads=(1,)),
-    "normalized": dict(model="normalized", heads=(1, 2), model_params={"activation": "sigmoid"}),
-    "softmax-regression": dict(task="softmax_regression", heads=(1,)),
-}
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_cuda_graphs_equal_eager_on_the_gpu(case):
-    """Every model and task captures (no fallback warning) and trains as the eager path does."""
-    cfg = TrainConfig(**{**TINY, "d": 5, "n": 40, "batch": 256, "steps": 300, "log_every": 100,
-                         "device": "cuda", "dtype": "float32", **GPU_CASES[case]})
-    eager = train(cfg, cache=False, cuda_graphs=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a failed capture warns: fail instead
-        graphs = train(cfg, cache=False, cuda_graphs=True)
-    torch.testing.assert_close(graphs.model.flat, eager.model.flat, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(graphs.history.loss, eager.history.loss, rtol=1e-5)

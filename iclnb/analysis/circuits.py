@@ -1,5 +1,5 @@
 """KQ and OV circuits of a one-layer multi-head attention model, for any d, T outputs and
-activation; and the metrics of a kernel matrix M (chapters 4, 5).
+activation.
 
 A trained model is described by its weight dict ``w = {"WQ": (H,D,D), "WK": (H,D,D),
 "WV": (H,D,D), "WO": (H,T,D)}`` (``WO`` (H,D) for one output) with ``D = d + T`` (tokens
@@ -23,7 +23,7 @@ affect the output, get no gradient and keep their random initial values. Every p
 here therefore uses only ``KQ_h[:d, :d]`` (and the label rows ``KQ_h[d:, :d]``).
 
 :func:`forward` is the one prediction from circuits (the models' per-member forward, the
-chapters' layers read at a logged step and :func:`circuit_predict` use it). Functions accept
+chapters' layers read at a logged step use it). Functions accept
 torch tensors or numpy arrays; the metrics return numpy arrays / python values, which is what
 tables and plots want. Arrays of circuits may carry leading axes (e.g. logged steps): ``KQ``
 (..., H, D, D), ``OV`` (..., H, D) for one output or (..., H, D, T); functions that cannot tell
@@ -36,7 +36,6 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from iclnb.engine.activations import (  # noqa: F401  (re-exported: the circuits' forward)
     ACTIVATIONS,
@@ -68,32 +67,14 @@ __all__ = [
     "ov",
     "omega",
     "mu",
-    "omega_mu",
     "diag_ratio",
-    "pattern_metrics",
     "circuit_metrics",
-    "summarize",
     "summarize_circuits",
     "classify_heads",
     "effective_gd_step",
     "linearized_step",
-    "kq_preconditioner",
-    "group_params",
-    "pattern_ok",
-    "pair_state",
-    "circuit_predict",
     "HEAD_CLASSES",
-    "window",
     "proportional_error",
-    "top_eigenspace",
-    "principal_angles",
-    "subspace_ratio",
-    "symmetric_part",
-    "projector_fit",
-    "aligned_basis",
-    "aligned",
-    "recovery",
-    "kernel_weights",
     "metrics_of_heads",
     "authors_omega_factor",
 ]
@@ -141,24 +122,11 @@ def ov(w: Mapping) -> np.ndarray:
     return np.einsum("htk,hkj->hjt", w["WO"], w["WV"])
 
 
-def omega_mu(w: Mapping) -> tuple[np.ndarray, np.ndarray]:
-    """(omega (H,), mu (H,) or (H, T)) of a weight dict: :func:`omega`, :func:`mu`."""
-    K, V = kq(w), ov(w)
-    T = 1 if V.ndim == 2 else V.shape[-1]
-    d = K.shape[-1] - T
-    return omega(K, d), mu(V, d, T)
-
-
 def diag_ratio(kq_, d: int) -> np.ndarray:
     """||diag(KQ[:d,:d])|| / ||KQ[:d,:d]||_F of KQ (..., D, D) (1: exactly diagonal; NaN for 0)."""
     block = _np(kq_)[..., :d, :d]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
-
-
-def pattern_metrics(w: Mapping) -> list[dict]:
-    """Per-head pattern metrics of Observation 1 (one dict per head); see :func:`circuit_metrics`."""
-    return circuit_metrics(kq(w), ov(w))
 
 
 def circuit_metrics(kq_, ov_, outputs: int = 1) -> list[dict]:
@@ -214,7 +182,7 @@ def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
     step, see :func:`linearized_step`). A head is **dummy** when ``c_h < dummy_frac * max_h c_h``
     (default 5% of the largest head), or when every head has ``c_h = 0``. Otherwise it is
     **positive** if ``omega_h > 0`` and **negative** if ``omega_h < 0``. Sign matching of omega
-    and mu is reported separately by :func:`pattern_metrics`, not used here.
+    and mu is reported separately by :func:`circuit_metrics`, not used here.
 
     The rule is scale free, so it works the same on hand-built models (e.g. omega = (0.13,
     -0.13, 0)) and on trained ones; a single-head model is never dummy unless its c is 0.
@@ -247,16 +215,6 @@ def effective_gd_step(omega, mu, classes: Sequence[str]) -> float:
     return float(2 * sum(o * m for o, m, c in zip(omega, mu, classes) if c == "positive"))
 
 
-def kq_preconditioner(kq_, ov_, c: float = 1.0) -> np.ndarray:
-    """The matrix of the heads' first-order expansion, ``c sum_h mu_h KQ_h[:d, :d]`` (d, d), from
-    KQ (H,D,D) and OV (H,D) (one output): with p_i ~ (1 + c (s_i - s_bar)) / n the layer is
-    (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q with this Gamma (chapter 7;
-    c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I it is c sum_h omega_h mu_h I."""
-    K, V = _np(kq_), _np(ov_)
-    d = K.shape[-1] - 1
-    return c * np.einsum("h,hij->ij", mu(V, d), K[:, :d, :d])
-
-
 def linearized_step(omega, mu) -> float:
     """First-order step of the sum of kernels, ``sum_h omega_h mu_h`` over all heads.
 
@@ -266,58 +224,6 @@ def linearized_step(omega, mu) -> float:
     """
     omega, mu = _np(omega).ravel(), _np(mu).ravel()
     return float(np.sum(omega * mu))
-
-
-def group_params(omega, mu, classes: Sequence[str]) -> dict[str, tuple[float, float]]:
-    """The positive and negative groups as one head each: ``{group: (scale, weight)}`` with
-    weight ``m = sum_{h in group} |mu_h|`` and scale the mu-weighted mean
-    ``w = sum |omega_h mu_h| / m``, so that ``2 w m`` is the group's share
-    ``2 sum |omega_h mu_h|`` of the effective step. With one homogeneous scale per group this is
-    the (omega, mu) of the paper's solution manifold (4.7). A group with no head is absent.
-    """
-    omega, mu = _np(omega).ravel(), _np(mu).ravel()
-    if len(classes) != omega.size or mu.shape != omega.shape:
-        raise ValueError(f"{len(classes)} classes, {omega.size} omegas and {mu.size} mus")
-    out = {}
-    for g in ("positive", "negative"):
-        idx = [h for h, c in enumerate(classes) if c == g]
-        if idx:
-            m = float(np.abs(mu[idx]).sum())
-            out[g] = (float(np.abs(omega[idx] * mu[idx]).sum()) / m if m > 0 else 0.0, m)
-    return out
-
-
-def pattern_ok(summary: Mapping, diag_min: float = 0.98, ov_min: float = 0.99) -> bool:
-    """Both per-head thresholds of Observation 1 on a :func:`summarize` result: every live head
-    has diag ratio >= ``diag_min`` and OV last-entry ratio >= ``ov_min`` (the thresholds are the
-    chapter's; the paper states the pattern in words)."""
-    return bool(summary["min_diag_ratio"] >= diag_min and summary["min_ov_last_ratio"] >= ov_min)
-
-
-def pair_state(kq_, ov_, dummy_frac: float = 0.05) -> str:
-    """"pair" when the model has a positive and a negative head, "same-sign" when every head is
-    live and all have one sign (e.g. two heads splitting one wide kernel), else "other"."""
-    s = summarize_circuits(kq_, ov_, dummy_frac=dummy_frac)
-    if s["n_positive"] and s["n_negative"]:
-        return "pair"
-    return "same-sign" if s["n_dummy"] == 0 else "other"
-
-
-def circuit_predict(kq_, ov_, X, y, xq, activation="softmax", n_train=None):
-    """Exact prediction of the attention layer from its circuits (no approximation): the tokens
-    [X; y] through :func:`forward`.
-
-    ``kq_`` (H,D,D) and ``ov_`` (H,D) or (H,D,T) as returned by :func:`kq` / :func:`ov` (numpy
-    or torch); ``X`` (B,n,d), ``y`` (B,n) or (B,n,T), ``xq`` (B,d) torch tensors. Returns (B,)
-    or (B,T) in X's dtype/device.
-    """
-    Z = torch.cat([X, y.unsqueeze(-1) if y.dim() == X.dim() - 1 else y], dim=-1)  # (B,n,D)
-    return forward(kq_, ov_, Z, xq, activation, n_train)
-
-
-def summarize(w: Mapping, dummy_frac: float = 0.05) -> dict:
-    """Everything a chapter tabulates about one trained model; see :func:`summarize_circuits`."""
-    return summarize_circuits(kq(w), ov(w), dummy_frac=dummy_frac)
 
 
 def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
@@ -367,106 +273,6 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "n_negative": classes.count("negative"),
         "n_dummy": classes.count("dummy"),
     }
-
-
-# ---- metrics of a kernel matrix M (chapters 4, 5): window, direction, subspace -----------------
-def window(M) -> float:
-    """The scale w = trace(M) / d of a kernel matrix M (d, d): M = w I is a Gaussian window of
-    bandwidth w^(-1/2) on the sphere, so w is the inverse window size."""
-    M = _np(M)
-    return float(np.trace(M)) / M.shape[-1]
-
-
-def top_eigenspace(M, k: int) -> np.ndarray:
-    """An orthonormal basis (d, k) of the eigenvectors of the symmetric part (M + M^T) / 2 with
-    the k largest |eigenvalues|."""
-    M = _np(M)
-    check("k", k, isinstance(k, int) and 1 <= k <= M.shape[-1], f"an integer in [1, {M.shape[-1]}]")
-    e, V = np.linalg.eigh((M + M.T) / 2)
-    return V[:, np.argsort(-np.abs(e), kind="stable")[:k]]
-
-
-def principal_angles(M, B) -> np.ndarray:
-    """Principal angles (k,) in radians, ascending, between col(B) (B (d, k), any basis) and the
-    top-|eigenvalue| k-eigenspace of the symmetric part of M (0: the subspace is recovered)."""
-    B = _np(B)
-    B = B.reshape(-1, 1) if B.ndim == 1 else B
-    Q, _ = np.linalg.qr(B)
-    s = np.linalg.svd(top_eigenspace(M, Q.shape[1]).T @ Q, compute_uv=False)
-    return np.sort(np.arccos(np.clip(s, -1.0, 1.0)))
-
-
-def symmetric_part(M) -> np.ndarray:
-    """M_s = (M + M^T) / 2 of a matrix (d, d) or a stack (..., d, d). The recovery metrics read
-    M_s: Theorem 4 of Collins et al. optimises over symmetric M, and the antisymmetric part
-    adds nothing to the score of a point with itself (x^T A x = 0)."""
-    M = _np(M)
-    return (M + np.swapaxes(M, -1, -2)) / 2
-
-
-def _orthonormal(B) -> np.ndarray:
-    """An orthonormal basis (d, k) of col(B) (B (d, k) or a vector (d,)): B itself when its
-    columns are orthonormal already, else its Q factor."""
-    B = _np(B)
-    B = B.reshape(-1, 1) if B.ndim == 1 else B
-    if np.allclose(B.T @ B, np.eye(B.shape[1]), atol=1e-10):
-        return B
-    return np.linalg.qr(B)[0]
-
-
-def subspace_ratio(M, B) -> float:
-    """rho(M, B) = |P_perp M_s P_perp|_F / |B^T M_s B|_F with M_s = (M + M^T) / 2 and P_perp the
-    projector onto col(B)^perp (B (d, k), any basis): the weight the window puts outside col(B)
-    against the weight inside (0: M_s = B C B^T; sqrt((d - k) / k) for M = w I)."""
-    M, B = symmetric_part(M), _orthonormal(B)
-    P = np.eye(M.shape[-1]) - B @ B.T
-    inside = float(np.linalg.norm(B.T @ M @ B))
-    return float(np.linalg.norm(P @ M @ P)) / inside if inside > 0 else float("inf")
-
-
-def projector_fit(M, B) -> tuple[float, float]:
-    """(c, e): the best multiple c B B^T of the projector onto col(B) (B (d, k), any basis) in
-    Frobenius norm, c = tr(B^T M_s B) / k, and the relative error e = |M_s - c B B^T|_F / |M_s|_F
-    (0: M_s = c B B^T, c of either sign; sqrt((d - k) / d) for M = w I)."""
-    B = _orthonormal(B)
-    return proportional_error(symmetric_part(M), B @ B.T)
-
-
-def aligned_basis(B) -> np.ndarray:
-    """An orthonormal basis Q (d, d) of R^d whose first k columns span col(B) (B's own columns
-    when they are orthonormal) and whose last d - k span col(B)^perp."""
-    B = _orthonormal(B)
-    Q = np.linalg.qr(np.concatenate([B, np.eye(B.shape[0])], 1))[0][:, : B.shape[0]]
-    Q[:, : B.shape[1]] = B  # QR may flip signs; keep B's columns as they are
-    return Q
-
-
-def aligned(M, B) -> np.ndarray:
-    """Q^T M_s Q in the basis Q of :func:`aligned_basis` (the first k rows and columns: col(B)),
-    for a matrix (d, d) or a stack (..., d, d): a recovered subspace shows as one k x k block."""
-    Q = aligned_basis(B)
-    return Q.T @ symmetric_part(M) @ Q
-
-
-def recovery(M, B) -> dict:
-    """The recovery metrics of a kernel matrix M (d, d) or a stack (T, d, d) (e.g. a logged
-    history) against col(B): ``rho`` (:func:`subspace_ratio`), ``angle`` the largest principal
-    angle in degrees (:func:`principal_angles`), ``c`` and ``fit_error`` (:func:`projector_fit`),
-    and ``norm`` |M_s|_F. Floats for one matrix, arrays (T,) for a stack."""
-    M = _np(M)
-    stack = M if M.ndim == 3 else M[None]
-    rows = [(subspace_ratio(m, B), float(np.degrees(principal_angles(m, B)[-1])), *projector_fit(m, B),
-             float(np.linalg.norm(symmetric_part(m)))) for m in stack]
-    out = dict(zip(("rho", "angle", "c", "fit_error", "norm"), np.array(rows).T))
-    return {k: float(v[0]) for k, v in out.items()} if M.ndim == 2 else out
-
-
-def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
-    """Attention weights softmax_i(x_i^T M x_q) (B, n) for X (B,n,d), xq (B,d); M a matrix or a
-    number w (M = w I)."""
-    M = torch.as_tensor(M, dtype=X.dtype, device=X.device)
-    u = xq * M if M.dim() == 0 else xq @ M.T
-    return torch.softmax((X @ u.unsqueeze(-1))[..., 0], -1)
 
 
 # ----------------------------------------------------------------------------- chapter 2's nulls

@@ -1,45 +1,39 @@
 """Claims: every statement a chapter makes is a number checked against a threshold.
 
 A chapter creates one :class:`Claims` and records each claim under a stable id (tests and
-sweeps match on ids, never on wording) with one of these kinds:
+sweeps match on ids, never on wording):
 
-* :meth:`Claims.check`: an **evidence check**, a claim of the paper the chapter reproduces,
-  ``value <op> threshold``. It names its **null**, the simpler explanation it rules out (a fixed
-  window, plain GD, a single head, ...), and carries that null's value, computed in the same run
-  on the same prompts and compared with the same threshold. The check holds only when the value
-  passes *and* the null fails: a check whose null also passes cannot tell the paper's mechanism
-  from the simpler one, and fails (an error at the defaults, never a silent downgrade). Its
-  ``basis`` says where the threshold comes from: ``"theory"``, ``"paper"`` or ``"mc"`` (the
-  Monte Carlo error of the estimate). Enforced: the book build fails when it does not hold at
-  the default parameters.
-* a **finding**: a claim of the paper that the chapter found **not** to reproduce (or only at a
-  scale the run does not reach). It is declared by its id *before the run*
-  (``Claims(..., findings={id: why})``, where ``why`` says whether more training would change
-  it), then recorded by :meth:`Claims.check` like any evidence check: the threshold is kept and
-  evaluated, the page shows "not reproduced" when it fails, and it is never enforced;
-* :meth:`Claims.report`: a number reported without a threshold;
-* :meth:`Claims.sanity`: a check of the library's own exact math (a closed form, an identity,
-  a deterministic ODE property, reproducibility, a precondition enforced by construction):
-  enforced like a check, but kept apart from the evidence, in its own group, with no null;
-* :meth:`Claims.not_attempted`: a claim of the paper in the chapter's scope that this run does
-  not test (shown on the book's scorecard, so a reader sees what is missing).
+* :meth:`Claims.check`: an **evidence check** of a claim of the paper (or, with ``own=True`` or
+  ``ref="ours"``, of the book's own), ``value <op> threshold``. It names its **null**, the
+  simpler explanation it rules out, with the null's value measured in the same run against the
+  same threshold, and the null's kind (``NULL_KINDS``): a *competitor* or a *chance* level make
+  the check **strong**, *init* (the same models before training) **weak**. It holds only when
+  the value passes *and* the null fails. ``basis`` (``BASES``) says where the threshold comes
+  from: theory (naming the result), mc (a multiple of a standard error), the paper's own number,
+  or chosen (fixed before the run).
+* :meth:`Claims.ordering`: "A beats B", with both sides' own statistics (never a ratio and its
+  reciprocal).
+* a **finding**: a claim of the paper that the chapter measures and does not see reproduce,
+  declared in the chapter's front matter (:func:`declared_findings`), recorded by ``check`` or
+  ``ordering``, evaluated and shown with when it was declared, never enforced;
+* :meth:`Claims.report` (a number, no threshold), :meth:`Claims.sanity` (the library's own
+  exact math: enforced, shown apart, no null), :meth:`Claims.not_attempted`.
 
-The table shows three groups, in this order: evidence (checks and findings, each beside its
-null and the null's value), reported numbers, sanity checks; each claim's ``group`` is in the
-JSON. The Reproducibility page gathers every chapter's evidence into the book's scorecard.
+Transition: a check without ``null_kind`` records ``"unstated"`` (weak); a basis lacking the
+fields it needs is flagged "unsupported basis"; a non-finite null without ``null_kind`` and a
+finding given as ``findings={id: why}`` (declared "unknown") are flagged too. The flags are in
+the JSON (:func:`transitional` lists them); ``strict`` (``Claims(..., strict=True)`` or
+``$ICLNB_CLAIMS_STRICT=1``) makes each a ValueError.
 
-:meth:`Claims.finish` shows the claims table on the page, writes the claims as JSON beside the
-executed notebook and, when ``enforce`` is on (the default parameters), raises
-:class:`ClaimsFailed` if a checked claim failed, a null passed, or a declared finding was never
-recorded.
-
-The JSON goes to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else to
-``<chapter>.claims.json`` in the working directory.
+:meth:`Claims.finish` shows the table (:mod:`iclnb.bookkit.scorecard` renders it), writes the
+JSON (to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else ``<chapter>.claims.json``) and,
+when ``enforce`` is on (the default parameters), raises :class:`ClaimsFailed` if a check or a
+sanity check failed, a null passed, or a declared finding was never recorded. With ``enforce``
+off the table and JSON say "claims not enforced" and a check reads "holds (not enforced)".
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -89,7 +83,14 @@ GROUPS = (
 )
 GROUP_OF = {kind: g for g, _, kinds in GROUPS for kind in kinds}
 # where an evidence threshold comes from
-BASES = {"theory": "theory", "paper": "the paper", "mc": "Monte Carlo error"}
+BASES = {"theory": "theory", "paper": "the paper", "mc": "Monte Carlo error", "chosen": "chosen"}
+# the kinds of null an evidence check may face, and the strength each gives it
+NULL_KINDS = {"competitor": "strong", "chance": "strong", "init": "weak"}
+UNSTATED = "unstated"  # transition: a check that names no null kind (counts as weak)
+DECLARED = ("before", "after")  # when a finding was declared: before the run, or after a failing run
+STRICT_ENV = "ICLNB_CLAIMS_STRICT"  # "1": every transitional form is a ValueError
+SOURCE_ENV = "ICLNB_CHAPTER_SOURCE"  # the chapter's .md source (set by the runner)
+PRESET_ENV = "ICLNB_PRESET"  # the preset the chapter runs with ("paper", "smoke" or empty)
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -97,18 +98,31 @@ ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 class Claim:
     id: str  # stable identifier, unique in its chapter (lower case, digits, - _ .)
     text: str  # the statement, in words
-    value: object  # the measured number (or bool)
+    value: object  # the measured number (or bool); an ordering: A's own statistic
     op: str | None  # comparison, one of OPS; None for a reported-only number
     threshold: object  # the number the value is compared with (a (lo, hi) pair for "in")
     ref: str = ""  # where the paper makes the claim (e.g. "Thm 8.1", "Fig. 3")
     passed: bool | None = None  # whether the value meets the threshold; None for reported numbers
     kind: str = "check"  # one of KINDS
-    null: str = ""  # evidence: the simpler explanation the check rules out
-    null_value: object = None  # evidence: that explanation's value, same run, same threshold
-    null_passed: bool | None = None  # evidence: whether the null's value meets the threshold too
+    null: str = ""  # evidence: the simpler explanation the check rules out (an ordering: B)
+    null_value: object = None  # evidence: that explanation's value, same run (an ordering: B's statistic)
+    null_passed: bool | None = None  # evidence: whether the null meets the threshold too (None: an ordering)
     basis: str = ""  # evidence: where the threshold comes from, one of BASES
     paper: object = None  # the paper's own value, where it reports one
     note: str = ""  # a finding's or a not-attempted claim's explanation
+    null_kind: str = ""  # evidence: one of NULL_KINDS, or UNSTATED
+    strength: str = ""  # evidence: "strong" (competitor, chance) or "weak" (init, unstated)
+    form: str = ""  # evidence: "threshold" (check) or "ordering" (A beats B)
+    a: str = ""  # an ordering: what the value measures (A)
+    margin: float | None = None  # an ordering: the threshold is B's statistic -/+ this margin
+    basis_ref: str = ""  # basis "theory": the result (e.g. "Theorem 2"); "paper": where it states it
+    se: float | None = None  # basis "mc": the standard error
+    se_multiple: float | None = None  # basis "mc": the multiple of it
+    declared: str = ""  # a finding: "before", "after" or "unknown"
+    commit: str = ""  # a finding: the commit that declared it, where given
+    own: bool = False  # the book's own claim, not the paper's
+    untrained_ok: str = ""  # evidence not about a trained model: why it may hold with untrained models
+    flags: list = field(default_factory=list)  # transitional forms this claim uses (see transitional)
 
     @property
     def holds(self) -> bool | None:
@@ -117,15 +131,23 @@ class Claim:
             return None
         return bool(self.passed) and not self.null_passed
 
-    @property
-    def status(self) -> str:
+    def verdict(self, enforced: bool = True) -> str:
+        """The status shown on the page; a claim of a run that does not enforce its claims never
+        reads as an enforced "pass"."""
         if self.kind == "not_attempted":
             return "not attempted"
         if self.kind == "finding":
             return "reproduced" if self.holds else "not reproduced"
-        if self.kind == "check" and self.passed and self.null_passed:
-            return "FAIL: null passes"
-        return {True: "pass", False: "FAIL", None: "reported"}[self.holds]
+        if self.holds is None:
+            return "reported"
+        null_passes = self.kind == "check" and self.passed and self.null_passed
+        if enforced:
+            return "FAIL: null passes" if null_passes else ("pass" if self.holds else "FAIL")
+        return ("fails: null passes" if null_passes else ("holds" if self.holds else "fails")) + " (not enforced)"
+
+    @property
+    def status(self) -> str:
+        return self.verdict(True)
 
     @property
     def group(self) -> str:
@@ -137,6 +159,10 @@ class Claim:
             return ""
         if self.op == "in":
             return f"in [{_fmt(self.threshold[0])}, {_fmt(self.threshold[1])}]"
+        if self.form == "ordering":
+            sign = "-" if self.op in ("<", "<=") else "+"
+            return f"{self.op} {_fmt(self.null_value)}" + (
+                f" {sign} {_fmt(self.margin)}" if self.margin else "")
         return f"{self.op} {_fmt(self.threshold)}"
 
 
@@ -149,14 +175,104 @@ def _plain(x):
     return x
 
 
+def _real(x) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _meets(value, op: str, threshold) -> bool:
     """Whether ``value <op> threshold``; a non-finite or non-numeric value fails every comparison
     but ``is``."""
-    if op == "is":
-        return value is threshold
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return bool(OPS[op](value, threshold))
-    return False
+    return value is threshold if op == "is" else _real(value) and bool(OPS[op](value, threshold))
+
+
+def front_matter(path: str | os.PathLike) -> dict:
+    """The YAML front matter of a chapter source (``{}`` when it has none)."""
+    import yaml  # installed with jupyter-book
+
+    m = re.match(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|$)", Path(path).read_text(), re.S)
+    data = yaml.safe_load(m.group(1)) if m else None
+    return data if isinstance(data, dict) else {}
+
+
+def chapter_source(chapter: str) -> Path | None:
+    """The chapter's .md source: ``$ICLNB_CHAPTER_SOURCE`` when it names this chapter (the runner
+    sets it), else ``notebooks/<chapter>.md`` in the working directory or a folder above it."""
+    env = os.environ.get(SOURCE_ENV)
+    if env and Path(env).stem == chapter and Path(env).is_file():
+        return Path(env)
+    here = Path.cwd().resolve()
+    found = [p for d in (here, *here.parents) for p in (d / "notebooks" / f"{chapter}.md", d / f"{chapter}.md")
+             if p.parent.name == "notebooks" and p.is_file()]
+    return found[0] if found else None
+
+
+def _declaration(cid, v, dated: bool) -> dict:
+    """A finding's declaration ``{declared, why, commit}``; ``dated=False`` (an explicit dict given
+    to :class:`Claims`) also accepts a bare reason, declared "unknown"."""
+    if not (isinstance(cid, str) and ID.match(cid)):
+        raise ValueError(f"findings: {cid!r} is not a claim id")
+    if isinstance(v, str) and not dated:
+        v = {"declared": "unknown", "why": v}
+    elif not isinstance(v, dict) or v.get("declared") not in DECLARED:
+        raise ValueError(f"finding {cid!r}: declare it as {{declared: before | after, why: ..., commit: ...}} "
+                         f"(after: after a failing run); got {v!r}")
+    if set(v) - {"declared", "why", "commit"}:
+        raise ValueError(f"finding {cid!r}: unknown fields {sorted(set(v) - {'declared', 'why', 'commit'})}")
+    why, commit = v.get("why"), v.get("commit") or ""
+    if not (isinstance(why, str) and why.strip()):
+        raise ValueError(f"finding {cid!r} needs why it does not reproduce (would more training change it?)")
+    if not isinstance(commit, str):
+        raise ValueError(f"finding {cid!r}: commit={commit!r} must be a string (quote it in the front matter)")
+    return {"declared": v["declared"], "why": why.strip(), "commit": commit.strip()}
+
+
+def declared_findings(chapter: str) -> tuple[dict, str]:
+    """The findings the chapter's front matter declares, and where they come from.
+
+    Read from ``iclnb: findings:`` in :func:`chapter_source` (``iclnb: findings_paper:`` instead
+    when ``$ICLNB_PRESET`` is ``paper`` and the chapter has that key); each entry is ``id:
+    {declared: before | after, why: "...", commit: abc1234}`` (commit optional). ``({}, "")``
+    when the source is not found."""
+    path = chapter_source(chapter)
+    if path is None:
+        return {}, ""
+    meta = front_matter(path).get("iclnb") or {}
+    key = "findings_paper" if os.environ.get(PRESET_ENV) == "paper" and "findings_paper" in meta else "findings"
+    found = meta.get(key) or {}
+    if not isinstance(found, dict):
+        raise ValueError(f"{path}: iclnb.{key} must map claim ids to declarations")
+    return {cid: _declaration(cid, v, dated=True) for cid, v in found.items()}, f"{path.name}: iclnb.{key}"
+
+
+def transitional(data: dict) -> list[str]:
+    """The transitional forms a claims JSON (``Claims.to_dict()``) still uses, one ``"id: flag"``
+    each (null kind unstated, unsupported basis, a non-finite null, a finding not dated); empty
+    when the chapter is fully converted (what ``strict`` enforces)."""
+    return [f"{r['id']}: {flag}" for r in data.get("claims", []) for flag in r.get("flags", [])]
+
+
+def _basis_flags(cid: str, basis: str, basis_ref, se, se_multiple, paper, strict: bool) -> list[str]:
+    """Validate a threshold's basis; ``["unsupported basis"]`` for an old call lacking its fields."""
+    if basis not in BASES:
+        raise ValueError(f"evidence check {cid!r}: basis={basis!r}; the threshold's source must be one of "
+                         f"{sorted(BASES)}")
+    if not isinstance(basis_ref, str):
+        raise ValueError(f"evidence check {cid!r}: basis_ref={basis_ref!r} must be a string")
+    if basis == "mc" and (se is not None or se_multiple is not None):
+        if not (_real(se) and se >= 0 and _real(se_multiple) and se_multiple > 0):
+            raise ValueError(f"evidence check {cid!r}: basis 'mc' needs se= (a finite standard error >= 0) and "
+                             f"se_multiple= (> 0); got se={se!r}, se_multiple={se_multiple!r}")
+        return []
+    missing = {"theory": "basis_ref= naming the result (e.g. 'Theorem 2')",
+               "mc": "se= (the standard error) and se_multiple= (its multiple)",
+               "paper": "paper= (the paper's own number) or basis_ref= (where the paper states it)"}.get(basis)
+    if missing is None or (basis == "theory" and basis_ref.strip()) or (
+            basis == "paper" and (paper is not None or basis_ref.strip())):
+        return []
+    if strict:
+        raise ValueError(f"evidence check {cid!r}: basis={basis!r} needs {missing}")
+    return ["unsupported basis"]
 
 
 @dataclass
@@ -164,21 +280,33 @@ class Claims:
     """The claims of one chapter.
 
     ``enforce``: raise :class:`ClaimsFailed` in :meth:`finish` if any claim failed (a chapter
-    parameter: on at its defaults, off in smoke runs).
-    ``findings``: the ids of the paper's claims that this chapter declares, before the run, not
-    to reproduce, each with why (and whether more training would change it). :meth:`check`
-    records them as findings: evaluated, shown, never enforced.
+    parameter: on at its defaults, off in smoke runs and sweeps).
+    ``findings``: ``None`` (the default) reads the declarations from the chapter's front matter
+    (:func:`declared_findings`); a dict ``{id: why}`` or ``{id: {declared, why, commit}}`` is used
+    instead (tests; a bare ``why`` is declared "unknown"). :meth:`check` and :meth:`ordering`
+    record a declared id as a finding: evaluated, shown, never enforced.
+    ``strict``: every transitional form (see the module docstring) is a ValueError; ``None`` reads
+    ``$ICLNB_CLAIMS_STRICT`` ("1" turns it on).
     """
 
     chapter: str
     enforce: bool = True
     claims: list[Claim] = field(default_factory=list)
-    findings: dict = field(default_factory=dict)
+    findings: dict | None = None
+    strict: bool | None = None
+    findings_source: str = ""  # where the findings were declared: "<file>: iclnb.findings", "explicit"
+    findings_skipped: list = field(default_factory=list)  # declared, left out of this run by its parameters
 
     def __post_init__(self):
-        for cid, why in self.findings.items():
-            if not (isinstance(cid, str) and ID.match(cid)) or not (isinstance(why, str) and why.strip()):
-                raise ValueError(f"findings must map claim ids to why they do not reproduce; got {cid!r}: {why!r}")
+        if self.strict is None:
+            self.strict = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+        if self.findings is None:
+            self.findings, self.findings_source = declared_findings(self.chapter)
+        else:
+            self.findings_source = self.findings_source or "explicit"
+            for cid, v in self.findings.items():
+                if _declaration(cid, v, dated=False)["declared"] == "unknown" and self.strict:
+                    raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
 
     def _add(self, claim: Claim) -> Claim:
         if not (isinstance(claim.id, str) and ID.match(claim.id)):
@@ -186,7 +314,7 @@ class Claims:
         if any(c.id == claim.id for c in self.claims):
             raise ValueError(f"claim id={claim.id!r} is used twice in {self.chapter}")
         if claim.id in self.findings and claim.kind not in ("check", "finding"):
-            raise ValueError(f"claim id={claim.id!r} is declared a finding; record it with check()")
+            raise ValueError(f"claim id={claim.id!r} is declared a finding; record it with check() or ordering()")
         self.claims.append(claim)
         return claim
 
@@ -199,28 +327,95 @@ class Claims:
             raise ValueError(f"op='in' needs a (lo, hi) threshold, got {threshold!r}")
         return value, threshold
 
-    def check(self, cid: str, text: str, value, op: str, threshold, *, null: str, null_value,
-              basis: str, ref: str = "", paper=None) -> bool:
+    def _evidence(self, cid, null_kind, null_value, value, op, basis, basis_ref, se, se_multiple, paper,
+                  own, ref, untrained_ok="") -> dict:
+        """The fields every evidence claim shares (null kind, strength, basis, finding), validated."""
+        flags = []
+        if null_kind is None:
+            if self.strict:
+                raise ValueError(f"evidence check {cid!r} states no null_kind; one of {sorted(NULL_KINDS)}")
+            null_kind, flags = UNSTATED, ["null kind unstated"]
+        elif null_kind not in NULL_KINDS:
+            raise ValueError(f"evidence check {cid!r}: null_kind={null_kind!r}; one of {sorted(NULL_KINDS)}")
+        measured = isinstance(null_value, bool) if op == "is" else _real(null_value)
+        if not measured:
+            if null_kind != UNSTATED or self.strict:
+                raise ValueError(f"evidence check {cid!r}: its null's value {null_value!r} is not a finite measured "
+                                 + ("boolean" if op == "is" else "number"))
+            flags.append("null not a finite number")
+        elif (op != "is" and _real(value) and abs(value - 1) > 1e-9
+              and math.isclose(value * null_value, 1.0, rel_tol=1e-9)):
+            if null_kind != UNSTATED or self.strict:
+                raise ValueError(f"evidence check {cid!r}: its null is the reciprocal of the value; record an "
+                                 "ordering with both sides' own statistics (Claims.ordering)")
+            flags.append("null is the value's reciprocal")
+        flags += _basis_flags(cid, basis, basis_ref, se, se_multiple, paper, self.strict)
+        out = dict(null_kind=null_kind, strength=NULL_KINDS.get(null_kind, "weak"), basis=basis,
+                   basis_ref=basis_ref.strip(), se=_plain(se), se_multiple=_plain(se_multiple), paper=_plain(paper),
+                   own=bool(own) or ref.strip().lower() == "ours", flags=flags, kind="check",
+                   untrained_ok=str(untrained_ok or "").strip())
+        if cid in self.findings:
+            d = _declaration(cid, self.findings[cid], dated=False)
+            out.update(kind="finding", note=d["why"], declared=d["declared"], commit=d["commit"])
+            if d["declared"] == "unknown" and self.strict:
+                raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
+            flags += ["finding not dated"] if d["declared"] == "unknown" else []
+        return out
+
+    def check(self, cid: str, text: str, value, op: str, threshold, *, null: str, null_value, basis: str,
+              null_kind: str | None = None, basis_ref: str = "", se=None, se_multiple=None, ref: str = "",
+              paper=None, own: bool = False, untrained_ok: str = "") -> bool:
         """Record the evidence check ``value <op> threshold`` under id ``cid``; return whether it
         holds (the value passes and the null fails).
 
         ``null``: the simpler explanation the check rules out, in words; ``null_value``: its value,
-        computed in the same run on the same prompts (compared with the same threshold: it must
-        fail). ``basis``: where the threshold comes from, one of ``BASES``. ``paper``: the paper's
-        own value, where it reports one. An id declared in ``findings`` is recorded as a finding.
+        computed in the same run (compared with the same threshold: it must fail), a finite number
+        (a bool for op ``"is"``); ``null_kind``: one of ``NULL_KINDS``. ``basis``: one of ``BASES``;
+        ``"theory"`` needs ``basis_ref`` (the result), ``"mc"`` needs ``se`` and ``se_multiple``
+        (the threshold being the chapter's estimate -/+ se_multiple x se), ``"paper"`` needs
+        ``paper`` (the paper's own value) or ``basis_ref``. ``own``: the book's own claim.
+        ``untrained_ok``: for a check that is not about a trained model (it reads the data, a
+        closed form or an ODE), why it may hold when every model is left at its initialisation
+        (the tests run every chapter untrained, ``ICLNB_UNTRAINED=1``, and fail on an evidence
+        check that still holds there without this reason). An id declared in ``findings`` is recorded as a finding.
         """
         value, threshold = self._comparison(op, value, threshold)
         if not (isinstance(null, str) and null.strip()):
             raise ValueError(f"evidence check {cid!r} names no null (the simpler explanation it rules "
                              "out); a check of the library's own math is a sanity check")
-        if basis not in BASES:
-            raise ValueError(f"evidence check {cid!r}: basis={basis!r}; the threshold's source must be "
-                             f"one of {sorted(BASES)}")
         null_value = _plain(null_value)
-        kind = "finding" if cid in self.findings else "check"
-        claim = Claim(cid, text, value, op, threshold, ref, _meets(value, op, threshold), kind, null.strip(),
-                      null_value, _meets(null_value, op, threshold), basis, _plain(paper),
-                      self.findings.get(cid, ""))
+        ev = self._evidence(cid, null_kind, null_value, value, op, basis, basis_ref, se, se_multiple, paper, own,
+                            ref, untrained_ok)
+        claim = Claim(cid, text, value, op, threshold, ref, _meets(value, op, threshold), null=null.strip(),
+                      null_value=null_value, null_passed=_meets(null_value, op, threshold), form="threshold", **ev)
+        return self._add(claim).holds
+
+    def ordering(self, cid: str, text: str, value, rival, op: str = "<", *, a: str, b: str, null_kind: str,
+                 basis: str, margin=None, basis_ref: str = "", se=None, se_multiple=None, ref: str = "",
+                 paper=None, own: bool = False, untrained_ok: str = "") -> bool:
+        """Record the evidence check "A beats B": ``value`` is A's own statistic, ``rival`` B's (the
+        null), each measured in the same run; it holds when ``value < rival - margin`` (op ``"<"``,
+        lower is better) or ``value > rival + margin`` (op ``">"``). ``a``, ``b``: what A and B are,
+        in words. ``margin`` (>= 0): 0 by default; with basis ``"mc"`` it defaults to
+        se_multiple x se (the standard error of the difference) and must equal it. The other
+        arguments are those of :meth:`check`. Returns whether it holds."""
+        if op not in ("<", ">"):
+            raise ValueError(f"ordering {cid!r}: op={op!r}; '<' (A lower is better) or '>'")
+        for name, words in (("a", a), ("b", b)):
+            if not (isinstance(words, str) and words.strip()):
+                raise ValueError(f"ordering {cid!r}: {name}= must say what {name.upper()} is")
+        value, rival = _plain(value), _plain(rival)
+        ev = self._evidence(cid, null_kind, rival, value, op, basis, basis_ref, se, se_multiple, paper, own, ref,
+                            untrained_ok)
+        half = ev["se_multiple"] * ev["se"] if basis == "mc" and ev["se"] is not None else None
+        margin = _plain(margin if margin is not None else (half if half is not None else 0.0))
+        if not (_real(margin) and margin >= 0):
+            raise ValueError(f"ordering {cid!r}: margin={margin!r} must be a finite number >= 0")
+        if half is not None and not math.isclose(margin, half, rel_tol=1e-6, abs_tol=1e-12):
+            raise ValueError(f"ordering {cid!r}: margin {_fmt(margin)} is not se_multiple x se = {_fmt(half)}")
+        threshold = rival - margin if op == "<" else rival + margin
+        claim = Claim(cid, text, value, op, threshold, ref, _meets(value, op, threshold), null=b.strip(),
+                      null_value=rival, null_passed=None, form="ordering", a=a.strip(), margin=margin, **ev)
         return self._add(claim).holds
 
     def sanity(self, cid: str, text: str, value, op: str, threshold, ref: str = "") -> bool:
@@ -231,9 +426,10 @@ class Claims:
         return self._add(Claim(cid, text, value, op, threshold, ref, _meets(value, op, threshold),
                                "sanity")).passed
 
-    def report(self, cid: str, text: str, value, ref: str = "", paper=None) -> None:
+    def report(self, cid: str, text: str, value, ref: str = "", paper=None, own: bool = False) -> None:
         """Record a number the chapter reports without a pass/fail threshold."""
-        self._add(Claim(cid, text, _plain(value), None, None, ref, None, "report", paper=_plain(paper)))
+        self._add(Claim(cid, text, _plain(value), None, None, ref, None, "report", paper=_plain(paper),
+                        own=bool(own) or ref.strip().lower() == "ours"))
 
     def not_attempted(self, cid: str, text: str, why: str, ref: str = "", paper=None) -> None:
         """Record a claim of the paper in this chapter's scope that the run does not test, and why."""
@@ -242,11 +438,20 @@ class Claims:
         self._add(Claim(cid, text, None, None, None, ref, None, "not_attempted", paper=_plain(paper),
                         note=why.strip()))
 
+    def skip_findings(self, *cids: str) -> None:
+        """Declared findings that this run does not record because its parameters leave the claim
+        out (e.g. a link the run does not train): not "missing", listed in the JSON."""
+        for cid in cids:
+            if cid not in self.findings:
+                raise KeyError(f"{cid!r} is not a declared finding of {self.chapter}")
+            if cid not in self.findings_skipped:
+                self.findings_skipped.append(cid)
+
     def __getitem__(self, cid: str) -> Claim:
-        for c in self.claims:
-            if c.id == cid:
-                return c
-        raise KeyError(f"no claim {cid!r} in {self.chapter}")
+        found = [c for c in self.claims if c.id == cid]
+        if not found:
+            raise KeyError(f"no claim {cid!r} in {self.chapter}")
+        return found[0]
 
     @property
     def failed(self) -> list[Claim]:
@@ -257,8 +462,8 @@ class Claims:
 
     @property
     def missing_findings(self) -> list[str]:
-        """Declared findings never recorded (a declaration that names no claim is an error)."""
-        recorded = {c.id for c in self.claims}
+        """Declared findings never recorded nor skipped (a declaration that names no claim is an error)."""
+        recorded = {c.id for c in self.claims} | set(self.findings_skipped)
         return [cid for cid in self.findings if cid not in recorded]
 
     @property
@@ -266,17 +471,29 @@ class Claims:
         return sum(c.holds is True and c.kind == "check" for c in self.claims)
 
     def to_dict(self) -> dict:
+        kinds = [c.kind for c in self.claims]
+        checks = [c for c in self.claims if c.kind == "check"]
+        found = [c for c in self.claims if c.kind == "finding"]
         return {
             "chapter": self.chapter,
             "enforced": self.enforce,
+            "enforcement": "claims enforced" if self.enforce else "claims not enforced",
+            "strict": self.strict,
             "passed": self.n_passed,
             "failed": len(self.failed),
             "not_reproduced": sum(c.kind == "finding" and not c.holds for c in self.claims),
-            "not_attempted": sum(c.kind == "not_attempted" for c in self.claims),
+            "not_attempted": kinds.count("not_attempted"),
             "sanity_passed": sum(c.passed is True and c.kind == "sanity" for c in self.claims),
+            "strong": sum(c.strength == "strong" for c in checks),
+            "weak": sum(c.strength != "strong" for c in checks),
+            "sanity": kinds.count("sanity"),
+            "reported": kinds.count("report"),
+            "findings_declared": {k: sum(c.declared == k for c in found) for k in (*DECLARED, "unknown")},
+            "findings_source": self.findings_source,
+            "findings_skipped": list(self.findings_skipped),
             "missing_findings": self.missing_findings,
-            "claims": [asdict(c) | {"status": c.status, "condition": c.condition, "group": c.group}
-                       for c in self.claims],
+            "claims": [asdict(c) | {"status": c.verdict(self.enforce), "condition": c.condition, "group": c.group,
+                                    "holds": c.holds} for c in self.claims],
         }
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
@@ -286,8 +503,11 @@ class Claims:
         os.replace(tmp, path)
         return path
 
-    def table(self) -> "ClaimsTable":
-        return ClaimsTable(self.to_dict()["claims"])
+    def table(self):
+        """The claims table (:class:`iclnb.bookkit.scorecard.ClaimsTable`) for display."""
+        from iclnb.bookkit.scorecard import ClaimsTable
+
+        return ClaimsTable(self.to_dict()["claims"], enforced=self.enforce)
 
     def finish(self):
         """Write the JSON, return the table for display, raise if enforced and a claim failed."""
@@ -307,94 +527,3 @@ class Claims:
                 pass
             raise ClaimsFailed(f"{len(problems)} claim(s) of {self.chapter} failed:\n" + "\n".join(problems))
         return self.table()
-
-
-def _condition_cell(r: dict) -> str:
-    basis = BASES.get(r.get("basis") or "", "")
-    return f"{r['condition']} ({basis})" if basis and r["condition"] else r["condition"]
-
-
-def _null_cell(r: dict) -> str:
-    if not r.get("null"):
-        return ""
-    verdict = "passes" if r.get("null_passed") else "fails"
-    return f"{r['null']}: {_fmt(r.get('null_value'))} ({verdict})"
-
-
-def _paper_cell(r: dict) -> str:
-    paper = r.get("paper")
-    return r["ref"] + (f" (paper: {_fmt(paper)})" if paper is not None else "")
-
-
-def _measured_cell(r: dict) -> str:
-    return r.get("note", "") if r.get("kind") == "not_attempted" else _fmt(r["value"])
-
-
-class ClaimsTable:
-    """A claims table that renders as HTML in notebooks and the book, and as text elsewhere."""
-
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
-
-    HEADERS = ("id", "claim", "measured", "threshold (its basis)", "null ruled out: its value", "result", "paper")
-
-    @staticmethod
-    def _cells(r: dict) -> list[str]:
-        return [r["id"], r["text"], _measured_cell(r), _condition_cell(r), _null_cell(r), r["status"],
-                _paper_cell(r)]
-
-    def groups(self) -> list[tuple[str, list[dict]]]:
-        """(heading, rows) of each non-empty group, in the order of ``GROUPS``."""
-        out = []
-        for g, heading, _ in GROUPS:
-            rows = [r for r in self.rows if r.get("group", GROUP_OF.get(r.get("kind"), "evidence")) == g]
-            if rows:
-                out.append((heading, rows))
-        return out
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
-        body = []
-        for heading, rows in self.groups():
-            body.append(f'<tr class="iclnb-group"><th colspan="{len(self.HEADERS)}" '
-                        f'style="text-align:left">{html.escape(heading)}</th></tr>')
-            body.extend(self._row_html(r) for r in rows)
-        notes = "".join(f"<li><code>{html.escape(r['id'])}</code>: {html.escape(r['note'])}</li>"
-                        for r in self.rows if r.get("kind") == "finding" and r.get("note"))
-        notes = f'<p>Findings, declared before the run:</p><ul class="iclnb-findings">{notes}</ul>' if notes else ""
-        return (f'<table class="iclnb-claims"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
-                f"</table>{notes}")
-
-    def _row_html(self, r: dict) -> str:
-        color = {"pass": "#1a7f37", "not reproduced": "#9a6700", "not attempted": "#57606a"}.get(
-            r["status"], "#cf222e" if r["status"].startswith("FAIL") else "#57606a")
-        cells = [html.escape(c) for c in self._cells(r)]
-        cells[0] = f"<code>{cells[0]}</code>"
-        cells[5] = f'<b style="color:{color}">{cells[5]}</b>'
-        return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-
-    def __repr__(self) -> str:
-        return "\n".join(f"{heading}:\n" + "\n".join(" | ".join(self._cells(r)) for r in rows)
-                         for heading, rows in self.groups())
-
-
-SCORECARD_HEADERS = ("chapter", "id", "claim of the paper", "paper", "paper's value", "ours", "null's value",
-                     "result")
-
-
-def scorecard_rows(chapter_title: str, data: dict) -> list[list[str]]:
-    """The book's scorecard rows of one chapter's claims JSON: every seed claim in scope (evidence
-    and not-attempted claims), with the paper's value, ours, and reproduced / not reproduced /
-    not attempted."""
-    rows = []
-    for r in data.get("claims", []):
-        if r.get("kind") not in ("check", "finding", "not_attempted"):
-            continue
-        if r["kind"] == "not_attempted":
-            result = "not attempted"
-        else:
-            result = "reproduced" if r["status"] in ("pass", "reproduced") else "not reproduced"
-        paper = r.get("paper")
-        rows.append([chapter_title, r["id"], r["text"], r.get("ref", ""), "" if paper is None else _fmt(paper),
-                     _measured_cell(r), "" if r["kind"] == "not_attempted" else _fmt(r.get("null_value")), result])
-    return rows

@@ -1,6 +1,7 @@
 """Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
 sweep CH -p NAME V1 V2 ... [--preset P] [--jobs N] [--out DIR] [--scheduler ADDRESS] |
-book [--smoke | --preset P] | check-pages."""
+robustness CH [--seeds S ...] [--jobs N] [--out DIR] [--scheduler ADDRESS] | book [--smoke | --preset P] |
+check-pages."""
 
 from __future__ import annotations
 
@@ -59,8 +60,17 @@ def _sweep(args) -> int:
     return 0 if result.ok else 1
 
 
+def _robustness(args) -> int:
+    from iclnb.bookkit import robustness
+
+    record = robustness.robustness(args.chapter, args.seeds, jobs=args.jobs, scheduler=args.scheduler, out=args.out)
+    return 1 if record["errors"] else 0
+
+
 def _book(args) -> int:
-    return runner.build_book(smoke=args.smoke, preset=args.preset)
+    from iclnb.bookkit import book
+
+    return book.build_book(smoke=args.smoke, preset=args.preset)
 
 
 def _check_pages(args) -> int:
@@ -97,6 +107,15 @@ def main(argv=None) -> int:
     p.add_argument("--scheduler", help="address of a Dask scheduler (tcp://host:8786) to run on instead of "
                    "local processes; needs the dask extra")
     p.set_defaults(fn=_sweep)
+    p = sub.add_parser("robustness", help="run a chapter at its defaults at each of several seeds (claims not "
+                       "enforced) and write each claim's value and verdict per seed to book/robustness/NN_name.json")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="the seeds (default 0 1 2 3 4)")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: one per CPU core)")
+    p.add_argument("--out", help="folder of the runs (default sweeps/robustness/NN_name); finished seeds are "
+                   "skipped on a second call")
+    p.add_argument("--scheduler", help="address of a Dask scheduler to run on instead of local processes")
+    p.set_defaults(fn=_robustness)
     p = sub.add_parser("book", help="execute every chapter and build the HTML book")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")
     p.add_argument("--preset", choices=runner.PRESETS, help="run every chapter that declares it with this preset")

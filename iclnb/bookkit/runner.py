@@ -5,16 +5,22 @@ exactly one cell tagged ``parameters``, one ``name = value  # help`` per line, a
 block in its front matter with a one-line ``description`` and its *presets*: the tiny ``smoke``
 parameters (claims recorded, not enforced) and, where the chapter declares it, ``paper``: the
 parameters that re-run the paper's experiment at the paper's scale (claims enforced).
+
+:func:`run_chapter` executes one chapter (starting its kernel again when the kernel fails to
+start); :func:`write_reproducibility_page` records a build's runs. :mod:`iclnb.bookkit.book`
+builds the whole book with them.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import io
 import json
 import os
 import platform
+import random
 import re
 import subprocess
 import sys
@@ -187,6 +193,7 @@ class Result:
     claims: dict = field(default_factory=dict)
     preset: str = ""  # the preset the chapter ran with ("" for its defaults)
     runs: list = field(default_factory=list)  # how its training runs trained (iclnb.engine.train's $ICLNB_RUNS records)
+    kernel_retries: list = field(default_factory=list)  # why each failed start of its kernel failed
 
     @property
     def claims_failed(self) -> int:
@@ -196,10 +203,18 @@ class Result:
     def ok(self) -> bool:
         return not self.error and not (self.claims.get("enforced") and self.claims_failed)
 
+    @property
+    def status(self) -> str:
+        """"error", "claims not enforced" (``enforce_claims`` off: nothing passed or failed),
+        "pass" or "claims failed"."""
+        if self.error:
+            return "error"
+        if self.claims and not self.claims.get("enforced"):
+            return "claims not enforced"
+        return "pass" if self.ok else "claims failed"
+
     def summary(self) -> str:
-        state = "ERROR" if self.error else ("ok" if self.ok else "CLAIMS FAILED")
-        if self.claims and not self.claims.get("enforced") and not self.error:
-            state += " (claims not enforced)"
+        state = {"error": "ERROR", "pass": "ok", "claims failed": "CLAIMS FAILED"}.get(self.status, self.status)
         claims = (f"{self.claims.get('passed', 0)} passed, {self.claims_failed} failed, "
                   f"{self.claims.get('not_reproduced', 0)} not reproduced") if self.claims else "no claims"
         return f"{self.chapter.slug:40s} {self.seconds:7.1f} s  {claims:40s} {state}"
@@ -236,7 +251,8 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
-                smoke: bool = False, log=print, preset: str | None = None, progress: bool = True) -> Result:
+                smoke: bool = False, log=print, preset: str | None = None, progress: bool = True,
+                warn=None) -> Result:
     """Execute ``chapter`` with papermill; never raises on a failing cell (see ``Result.error``).
 
     ``preset``: run with one of the chapter's presets (overrides still win): ``"smoke"`` (tiny
@@ -246,12 +262,17 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
     running cell and the training inside it while the chapter runs (``iclnb.bookkit.progress``).
     Chapters run one at a time in a process (their kernels inherit its environment); run
     chapters in parallel in separate processes (``iclnb sweep`` does).
+
+    A kernel that fails to start (two kernels started at once picked the same port: ``ZMQError:
+    Address already in use``), or dies before its first cell, is started again, up to
+    ``KERNEL_TRIES`` times in all; each retry is said through ``warn`` (default ``log``) and kept
+    in ``Result.kernel_retries``.
     """
     with _RUN_LOCK:
-        return _run_chapter(chapter, overrides, output, smoke, log, preset, progress)
+        return _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
 
 
-def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Result:
+def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn) -> Result:
     import papermill as pm
 
     from iclnb.bookkit.progress import ChapterMonitor
@@ -271,18 +292,36 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
     cpath.unlink(missing_ok=True)
     rpath = output.with_suffix(".runs.jsonl")
     rpath.unlink(missing_ok=True)
-    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET", RUNS_ENV)}
+    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET", RUNS_ENV,
+                                                 "ICLNB_CHAPTER_SOURCE", "ICLNB_PRESET")}
     os.environ["ICLNB_CLAIMS_JSON"] = str(cpath)
+    os.environ["ICLNB_CHAPTER_SOURCE"] = str(chapter.path)  # Claims reads the declared findings there
+    os.environ["ICLNB_PRESET"] = preset
     os.environ[RUNS_ENV] = str(rpath)
     os.environ["ICLNB_QUIET"] = "1"
     log(f"running chapter {chapter.number} ({chapter.slug}) with {params or 'its defaults'} ...")
     start = time.perf_counter()
-    error = ""
+    error, retries = "", []
     try:
         with ChapterMonitor(output, log=log) if progress else contextlib.nullcontext():
-            pm.execute_notebook(chapter.notebook(), str(output), parameters=params, cwd=str(output.parent),
-                                kernel_name="python3", progress_bar=not progress and sys.stderr.isatty(),
-                                log_output=False, extra_arguments=KERNEL_ARGUMENTS)
+            for attempt in range(1, KERNEL_TRIES + 1):
+                output.unlink(missing_ok=True)  # so that _started sees this try's notebook only
+                try:
+                    _execute(chapter.notebook(), output, params, progress)
+                    break
+                except pm.PapermillExecutionError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a kernel that never ran a cell is started again
+                    if _started(output):
+                        raise
+                    why = f"{type(e).__name__}: {e}"
+                    if attempt == KERNEL_TRIES:
+                        error = f"the kernel failed to start, {KERNEL_TRIES} times; the last: {why}"
+                        break
+                    retries.append(why)
+                    (warn or log)(f"chapter {chapter.number}: the kernel failed to start ({why}); "
+                                  f"starting it again (try {attempt + 1} of {KERNEL_TRIES})")
+                    time.sleep(random.uniform(0.5, 2.0) * attempt)  # parallel starts drift apart
     except pm.PapermillExecutionError as e:
         error = f"cell {e.exec_count} (notebook cell index {e.cell_index}) failed: {e.ename}: {e.evalue}"
     finally:
@@ -298,7 +337,28 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress) -> Re
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
     if not error and output.exists():
         error = unformattable_glue(output)
-    return Result(chapter, output, params, seconds, error, claims, preset, runs)
+    return Result(chapter, output, params, seconds, error, claims, preset, runs, retries)
+
+
+KERNEL_TRIES = 3  # starts of a chapter's kernel before its run is an error (see _run_chapter)
+
+
+def _execute(nb, output: Path, params: dict, progress: bool) -> None:
+    """One papermill execution of the notebook ``nb`` into ``output`` (raises what papermill raises)."""
+    import papermill as pm
+
+    pm.execute_notebook(nb, str(output), parameters=params, cwd=str(output.parent), kernel_name="python3",
+                        progress_bar=not progress and sys.stderr.isatty(), log_output=False,
+                        extra_arguments=KERNEL_ARGUMENTS)
+
+
+def _started(output: Path) -> bool:
+    """Whether a cell of the executed notebook at ``output`` began to run (papermill stamps its start)."""
+    try:
+        cells = json.loads(output.read_text()).get("cells", [])
+    except (OSError, ValueError):
+        return False
+    return any((c.get("metadata", {}).get("papermill") or {}).get("start_time") for c in cells)
 
 
 def versions() -> dict:
@@ -312,14 +372,35 @@ def versions() -> dict:
             "cuda": torch.cuda.is_available()}
 
 
-def _device_words(device) -> str:
-    """The device a chapter's ``device`` parameter resolved to on this machine, in words."""
-    from iclnb.engine.util import describe_device
+# what a device parameter resolves to, in words, as iclnb.engine.util.describe_device says it: asked of
+# torch in a child process (the runner neither imports the engine nor holds a CUDA context itself)
+_DEVICE_WORDS = """import os, sys, torch
+d = sys.argv[1]
+try:
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if d in ("auto", "None") else torch.device(d)
+except (RuntimeError, TypeError, ValueError):
+    dev = None
+cuda = dev is not None and dev.type == "cuda" and torch.cuda.is_available()
+if dev is not None and dev.type == "cpu":
+    print(f"cpu ({os.cpu_count()} cores)")
+elif cuda and (dev.index or 0) < torch.cuda.device_count():
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    print(f"cuda:{i} ({torch.cuda.get_device_name(i)})")
+else:
+    print("not available here")
+"""
 
+
+@functools.lru_cache(maxsize=None)
+def device_words(device="auto") -> str:
+    """The device a chapter's ``device`` parameter resolves to on this machine, in words:
+    ``"cpu (2 cores)"``, ``"cuda:0 (NVIDIA H100 ...)"``, or ``"not available here"``."""
     try:
-        return describe_device(device)
-    except ValueError:
-        return "not available here"
+        out = subprocess.run([sys.executable, "-c", _DEVICE_WORDS, str(device)], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (torch did not answer)"
+    return out.stdout.strip() or "unknown (torch did not answer)"
 
 
 def _training_words(runs: list[dict]) -> str:
@@ -349,20 +430,12 @@ def _md_row(cells) -> str:
 
 
 def _scorecard(results: list[Result]) -> list[str]:
-    """The book's scorecard: every seed claim in scope, per chapter, with the paper's value where
-    it has one, ours, and reproduced / not reproduced / not attempted."""
-    from iclnb.bookkit.claims import SCORECARD_HEADERS, scorecard_rows
+    """The book's scorecard (:func:`iclnb.bookkit.scorecard.scorecard_markdown`): per chapter and in
+    total, evidence strong / weak, sanity, findings by when they were declared, reports, claims not
+    attempted, and each evidence check's pass rate over seeds from its robustness record."""
+    from iclnb.bookkit.scorecard import scorecard_markdown
 
-    rows = [row for r in results for row in scorecard_rows(r.chapter.title, r.claims)]
-    if not rows:
-        return []
-    counts = {k: sum(row[-1] == k for row in rows) for k in ("reproduced", "not reproduced", "not attempted")}
-    return ["", "## Scorecard", "",
-            "Every claim of the papers in the chapters' scope: the evidence checks (each holds only when "
-            "the simpler explanation it rules out, its null, fails the same threshold in the same run), "
-            "the findings declared before the run, and the claims no chapter attempts. "
-            + ", ".join(f"{v} {k}" for k, v in counts.items()) + ".", "",
-            _md_row(SCORECARD_HEADERS), "|" + " --- |" * len(SCORECARD_HEADERS)] + [_md_row(row) for row in rows]
+    return [""] + scorecard_markdown([(r.chapter.title, r.chapter.slug, r.claims) for r in results if r.claims])
 
 
 def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Path:
@@ -381,10 +454,9 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
               "| not attempted | status |",
               "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
-        status = "error" if r.error else ("pass" if r.ok else "claims failed")
         lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | {r.claims.get('passed', 0)} | "
                      f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | "
-                     f"{r.claims.get('not_attempted', 0)} | {status} |")
+                     f"{r.claims.get('not_attempted', 0)} | {r.status} |")
     lines += _scorecard(results)
     for r in results:
         full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
@@ -392,89 +464,16 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
         preset = f"the **{r.preset}** preset" if r.preset else "its defaults"
         lines += ["", f"## {r.chapter.title}", "",
                   f"Ran with {preset} on device `{full.get('device', 'n/a')}`, that is "
-                  f"{_device_words(full.get('device', 'auto'))}. {_training_words(r.runs)} "
+                  f"{device_words(full.get('device', 'auto'))}. {_training_words(r.runs)} "
                   f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
                   "```", ""]
         if r.error:
             lines += [f"**Error:** {r.error}", ""]
         rows = r.claims.get("claims", [])
         if rows:
-            from iclnb.bookkit.claims import ClaimsTable
+            from iclnb.bookkit.scorecard import ClaimsTable
 
             lines += [_md_row(ClaimsTable.HEADERS), "|" + " --- |" * len(ClaimsTable.HEADERS)]
             lines += [_md_row(ClaimsTable._cells(c)) for c in rows]
     REPRO_PAGE.write_text("\n".join(lines) + "\n")
     return REPRO_PAGE
-
-
-def repository_url() -> str:
-    """The web address of the book's repository, or "" when there is none to link to.
-
-    ``$ICLNB_REPO_URL`` when set (empty: no repository button), else the git remote ``origin``
-    when it is an http(s) URL. Credentials in the URL and a trailing ``.git`` are dropped.
-    """
-    url = os.environ.get("ICLNB_REPO_URL")
-    if url is None:
-        try:
-            url = subprocess.run(["git", "remote", "get-url", "origin"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout
-        except OSError:  # no git
-            url = ""
-    elif url.strip() and not re.match(r"https?://", url.strip()):
-        raise ParameterError(f"ICLNB_REPO_URL={url!r}: expected an http(s) URL, or empty for no repository button")
-    m = re.match(r"(https?://)(?:[^/@]*@)?([^/]+/.*?)(?:\.git)?/?$", url.strip())
-    return m.group(1) + m.group(2) if m else ""
-
-
-def write_book_config(repo_url: str, path: Path = ROOT / "_build" / "_config.generated.yml") -> Path:
-    """``_config.yml`` with the repository button on for ``repo_url`` (left off when it is empty),
-    written to ``path`` for ``jupyter-book build --config``."""
-    import yaml
-
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    if repo_url:
-        config["repository"] = {"url": repo_url}
-        config["html"]["use_repository_button"] = True
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# generated by `iclnb book` from _config.yml; edit that file instead\n"
-                    + yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
-    return path
-
-
-def build_html(url: str, log=print) -> int:
-    """``jupyter-book build`` of the repository root, warnings as errors, with a repository button
-    for ``url`` (none when empty); returns the exit code."""
-    log(f"repository button: {url or 'none (set ICLNB_REPO_URL, or a git remote origin with an http(s) URL)'}")
-    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-           "build", str(ROOT), "--config", str(write_book_config(url)), "-W", "-n", "--keep-going"]
-    log("building the book: jupyter-book " + " ".join(cmd[3:]))
-    return subprocess.run(cmd, cwd=ROOT).returncode
-
-
-def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int:
-    """Execute every chapter, write the reproducibility page, build the HTML; 0 when all is well.
-
-    ``preset`` (or ``smoke``): run every chapter that declares it with that preset; a chapter
-    without it runs at its defaults (said in the log and on the reproducibility page).
-    """
-    preset = "smoke" if smoke else preset
-    url = repository_url()  # before the chapters run: a bad $ICLNB_REPO_URL fails at once
-    results = []
-    for ch in chapters():
-        use = preset if preset in ch.presets else None
-        if preset and use is None:
-            log(f"chapter {ch.number} declares no {preset!r} preset: it runs at its defaults")
-        r = run_chapter(ch, log=log, preset=use)
-        if r.error:
-            log("  " + r.error + f"\n  partial notebook kept at {r.output}")
-        else:
-            log(f"  done in {r.seconds:.1f} s")
-        results.append(r)
-    write_reproducibility_page(results, smoke=smoke)
-    code = build_html(url, log=log)
-    log("\nchapter                                  wall time  claims                                   status")
-    for r in results:
-        log(r.summary())
-    log(f"total {sum(r.seconds for r in results):.1f} s; book build {'ok' if code == 0 else 'FAILED'}"
-        f" -> {ROOT / '_build' / 'html' / 'index.html'}")
-    return 0 if code == 0 and all(r.ok for r in results) else 1

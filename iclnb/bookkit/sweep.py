@@ -8,12 +8,14 @@ chapter's parameters cell before anything runs. Each run writes, under ``DIR``:
 * ``<run>.ipynb``: the executed notebook (the partial one when a cell failed), and
   ``<run>.claims.json`` beside it;
 * ``<run>.json``: the run's record (parameters, wall time, error naming the failing cell, the
-  claims), written last and atomically: its presence marks a finished run.
+  claims, the SHA-256 of the chapter source it ran, the device in words, the host), written last
+  and atomically: its presence marks a finished run.
 
-A second call skips the finished runs (resume after an interruption) and retries the ones that
-failed. When every run is done, ``sweep.csv`` (and ``sweep.parquet`` when pyarrow is installed)
-holds one row per run and claim: the run's parameters as columns, the claim's id, kind, value,
-threshold, null value and status. Reported numbers are claims too, so a chapter's recorded
+A second call skips the runs finished from the same chapter source (resume after an
+interruption) and runs again the ones that failed or ran an older source. When every run is
+done, ``sweep.csv`` (and ``sweep.parquet`` when pyarrow is installed) holds one row per run and
+claim: the run's parameters as columns, the claim's id, kind, value, threshold, null value and
+status. Reported numbers are claims too, so a chapter's recorded
 metrics (a learned window, a recovery error) are in the table beside the checks.
 
 Executors: a local process pool by default (``jobs`` workers, each training with
@@ -35,6 +37,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,23 +116,32 @@ def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str,
         os.environ["ICLNB_PREFETCH"] = "1" if prefetch else "0"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    r = runner.run_chapter(chapter, params, output=out / f"{name}.ipynb", preset=preset,
-                           log=lambda *_: None, progress=False)
+    source = source_sha256(chapter.path)
+    r = runner.run_chapter(chapter, params, output=out / f"{name}.ipynb", preset=preset, log=lambda *_: None,
+                           progress=False, warn=lambda m: print(f"{name}: {m}", file=sys.stderr, flush=True))
+    device = r.parameters.get("device", {p.name: p.default for p in chapter.parameters()}.get("device"))
     record = {"name": name, "chapter": chapter.slug, "params": params, "preset": preset or "",
               "seconds": round(r.seconds, 2), "error": r.error, "ok": r.ok, "claims": r.claims,
-              "notebook": str(r.output), "host": os.uname().nodename}
+              "notebook": str(r.output), "host": os.uname().nodename, "source_sha256": source,
+              "device": "" if device is None else runner.device_words(device), "kernel_retries": r.kernel_retries}
     _write_json(out / f"{name}.json", record)
     return record
 
 
-def _finished(path: Path) -> dict | None:
+def source_sha256(path: Path) -> str:
+    """The SHA-256 of a chapter source's bytes (a run records the source it executed)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _finished(path: Path, source: str) -> dict | None:
     """The record of a run that executed (its claims may have failed), or None: absent, unreadable,
-    or errored (those are run again)."""
+    errored, or of another version of the chapter's source (``source``: its SHA-256); those are
+    run again."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return None if record.get("error") else record
+    return None if record.get("error") or record.get("source_sha256") != source else record
 
 
 def table_rows(records: list[dict]) -> list[dict]:
@@ -216,6 +228,16 @@ def _dask_executor(address: str):
     return client, submit, as_completed, lambda: client.close()
 
 
+def _state(rec: dict) -> str:
+    """A finished run in words: failed (its error), claims not enforced, ok, or claims failed."""
+    claims = rec.get("claims") or {}
+    if rec["error"]:
+        return "FAILED: " + rec["error"]
+    if claims and not claims.get("enforced"):
+        return f"claims not enforced ({claims.get('failed', 0)} would fail)"
+    return "ok" if rec["ok"] else f"claims failed ({claims.get('failed', 0)})"
+
+
 def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | None = None, jobs: int | None = None,
           out: str | os.PathLike | None = None, scheduler: str | None = None, log=print,
           fixed: dict | None = None) -> SweepResult:
@@ -233,7 +255,8 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
     jobs = max(1, min(int(jobs or cores), len(runs)))
     threads = max(1, cores // jobs)
     prefetch = cores >= 2 * jobs  # a data-drawing thread per worker only where a core is spare for it
-    records = {r.name: rec for r in runs if (rec := _finished(r.record_path(out))) is not None}
+    source = source_sha256(chapter.path)
+    records = {r.name: rec for r in runs if (rec := _finished(r.record_path(out), source)) is not None}
     todo = [r for r in runs if r.name not in records]
     where = f"Dask cluster {scheduler}" if scheduler else f"{jobs} local worker(s), {threads} thread(s) each"
     log(f"sweep of chapter {chapter.number} ({chapter.slug}): {len(runs)} runs, {len(records)} already done, "
@@ -255,10 +278,10 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
                     _write_json(r.record_path(out), rec)
                 records[r.name] = rec
                 failed += bool(rec["error"])
-                state = "FAILED: " + rec["error"] if rec["error"] else (
-                    "ok" if rec["ok"] else f"claims failed ({rec['claims'].get('failed', 0)})")
+                retried = len(rec.get("kernel_retries") or [])
                 log(f"[{_clock(time.perf_counter() - start)}] {i}/{len(todo)} done, {failed} failed, "
-                    f"{len(todo) - i} remaining: {r.name} {state} ({rec['seconds']:.0f} s)")
+                    f"{len(todo) - i} remaining: {r.name} {_state(rec)} ({rec['seconds']:.0f} s"
+                    + (f"; its kernel failed to start {retried} time(s) and was started again)" if retried else ")"))
         finally:
             close()
     ordered = [records[r.name] for r in runs]

@@ -1,18 +1,17 @@
 """Chapter 1's bounds: Theorems 8.1 and 8.2 of Li, Song, Xia, Yu and Zhou (2023) and how loose they are.
 
-Everything that can overflow is done in log space: the theorem constant ``M = n^1.5 exp(10R^2)``
-(:func:`log_M`), the intermediate constant (:func:`log_intermediate_bound`) and the lemma bounds
-(:func:`lemma_audit`). Experiments (each returns plain dicts / lists of dicts of Python numbers):
+Everything that can overflow is done in log space: the theorem constant ``M = n^1.5 exp(10R^2)`` (:func:`log_M`),
+the intermediate constant (:func:`log_intermediate_bound`) and the lemma bounds (:func:`lemma_audit`). Experiments
+(each returns plain dicts / lists of dicts of Python numbers):
 
 * :func:`weight_shift_experiment` (Theorem 8.1): gradient descent on ``x``, the Lipschitz ratio
   ``||f(x_{t+1}) - f(x_t)|| / ||x_{t+1} - x_t||`` per step against M, the intermediate constant
   ``4 beta^-2 n^1.5 R exp(2R^2)`` and the tight constant ``||A||/2``.
-* :func:`data_shift_experiment` (Theorem 8.2): ``A`` moved by a softmax self-attention layer acting
-  on its rows (:class:`RowSelfAttention`), ratio ``||f(A_{t+1}) - f(A_t)|| / ||A_{t+1} - A_t||``
-  against M and ``||x||/2``.
-* :func:`adversarial_search`: the worst ratio found by gradient ascent (torch autograd) over the
-  point, the step direction and optionally the matrix, within the assumptions.
-* :func:`lemma_audit`: bound / actual for Lemmas 3.3, 5.6, 5.7, 5.8 and 5.5 on given instances.
+* :func:`data_shift_experiment` (Theorem 8.2): ``A`` moved by a softmax self-attention layer acting on its rows
+  (:class:`RowSelfAttention`), ratio ``||f(A_{t+1}) - f(A_t)|| / ||A_{t+1} - A_t||`` against M and ``||x||/2``.
+* :func:`adversarial_search`: the worst ratio found by gradient ascent (torch autograd) over the point, the step
+  direction and optionally the matrix, within the assumptions.
+* :func:`lemma_audit`: bound / actual for Lemmas 3.3, 5.6, 5.7, 5.8 and 5.5 on given instances (table: :func:`by_lemma`)
 """
 
 from __future__ import annotations
@@ -100,11 +99,10 @@ def weight_shift_experiment(ns: Sequence[int], Rs: Sequence[float], d: int, inst
                             eta: float = 1.0, seed: int = 0, device="cpu") -> dict:
     """Theorem 8.1 on GD trajectories for every (n, R).
 
-    For each cell: ``instances`` instances from :func:`sample_instances` (``||A|| = R``, ``x_0``
-    uniform in the ball of radius R, ``b`` a random probability vector), ``steps`` steps of
-    :func:`gd_trajectory`. Per step: the ratio ``||f(x_{t+1}) - f(x_t)|| / ||x_{t+1} - x_t||``,
-    the small-step condition, and the three bounds (M, the intermediate constant with
-    ``beta = exp(-R^2)``, the tight ``||A||/2``), compared in log space.
+    For each cell: ``instances`` instances from :func:`sample_instances` (``||A|| = R``, ``x_0`` uniform in the ball
+    of radius R, ``b`` a random probability vector), ``steps`` steps of :func:`gd_trajectory`. Per step: the ratio
+    ``||f(x_{t+1}) - f(x_t)|| / ||x_{t+1} - x_t||``, the small-step condition, and the three bounds (M, the
+    intermediate constant with ``beta = exp(-R^2)``, the tight ``||A||/2``), compared in log space.
 
     Returns ``{"rows": [per-cell dict], "ratios": {(n, R): 1-D tensor of every step's ratio},
     "all_steps_small", "all_bounds_hold", ...}``.
@@ -204,10 +202,9 @@ def data_shift_experiment(ns: Sequence[int], Rs: Sequence[float], d: int, instan
                           eps: float = 0.05, seed: int = 0, device="cpu") -> dict:
     """Theorem 8.2 for every (n, R): shifts of ``A`` made by :class:`RowSelfAttention`.
 
-    Instances: ``||A_0|| = R``, ``x`` uniform in the ball of radius R (fixed along the
-    trajectory). Per step: ratio ``||f(A_{t+1}) - f(A_t)|| / ||A_{t+1} - A_t||_2`` against M, the
-    intermediate constant and the tight ``||x||/2``; conditions ``||A_t|| <= R`` and
-    ``||(A_{t+1} - A_t) x||_inf < 0.01``.
+    Instances: ``||A_0|| = R``, ``x`` uniform in the ball of radius R (fixed along the trajectory). Per step: ratio
+    ``||f(A_{t+1}) - f(A_t)|| / ||A_{t+1} - A_t||_2`` against M, the intermediate constant and the tight
+    ``||x||/2``; conditions ``||A_t|| <= R`` and ``||(A_{t+1} - A_t) x||_inf < 0.01``.
     """
     g = make_generator(seed, "data_shift_experiment")
     rows, ratios = [], {}
@@ -436,10 +433,9 @@ def _log10_slack(name: str, pair) -> torch.Tensor:
 
 def lemma_audit_experiment(n: int, d: int, Rs: Sequence[float], instances: int = 64, seed: int = 0,
                            step_inf: float = SMALL_STEP / 2, device="cpu") -> dict:
-    """:func:`lemma_audit` on random pairs: ``x`` uniform in the ball of radius R, ``y = x + h u``
-    (``u`` random, ``h`` set so that ``||A(y - x)||_inf = step_inf``, then ``y`` projected into
-    the ball). Returns rows ``{lemma, R, log10 slack min / median / max, holds}`` and the raw
-    log10 slacks per (lemma, R)."""
+    """:func:`lemma_audit` on random pairs: ``x`` uniform in the ball of radius R, ``y = x + h u`` (``u`` random,
+    ``h`` set so that ``||A(y - x)||_inf = step_inf``, then ``y`` projected into the ball). Returns rows ``{lemma,
+    R, log10 slack min / median / max, holds}`` and the raw log10 slacks per (lemma, R)."""
     g = make_generator(seed, "lemma_audit_experiment")
     rows, raw = [], {}
     for R in Rs:
@@ -457,6 +453,16 @@ def lemma_audit_experiment(n: int, d: int, Rs: Sequence[float], instances: int =
                          "log10_slack_max": float(s.max()), "holds": bool((s >= -1e-9).all())})
     return {"rows": rows, "raw": raw, "all_hold": all(r["holds"] for r in rows)}
 
+
+
+def by_lemma(rows: list[dict], order: Sequence[str]) -> list[dict]:
+    """The rows of :func:`lemma_audit_experiment` sorted by lemma (in ``order``), then by R."""
+    return sorted(rows, key=lambda r: (order.index(r["lemma"]), r["R"]))
+
+
+def slack_text(values) -> str:
+    """Log10 slacks joined as "a / b / ..." with one decimal (a table cell)."""
+    return " / ".join(f"{x:.1f}" for x in values)
 
 # =========================================================================== the two-row construction
 def two_row_gap(n: int, R: float) -> float:

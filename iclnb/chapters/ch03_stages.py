@@ -7,12 +7,13 @@ approximate its risk (noisy target, so sigma^2 is included once) by
     Ltilde(omega, mu) = 1 + sigma2 - 2 mu^T omega + mu^T [omega omega^T + c exp(d omega omega^T)] mu,
 
 ``c = (1 + sigma2) / n``, exp entrywise. This module holds that loss and its gradient (and, to
-check it, the Monte Carlo true loss of a +- pair on a grid), the best ``mu`` for a fixed
-``omega``, the solution manifold of a +- pair (section 4.2), the gradient flow of ``Ltilde / 2``
+check it, the Monte Carlo true loss of a +- pair on a grid), the gradient flow of ``Ltilde / 2``
 (appendix B) for any H, integrated with ``scipy.integrate.solve_ivp``, and rules that detect the
 stages of training from data: the phases of an ODE trajectory, the patterns (sign matching,
 zero-sum OV, homogeneous KQ scaling, diagonal KQ) over a logged training history, and a time map
-from training steps to ODE time. Every rule is stated in its function's docstring.
+from training steps to ODE time. Every rule is stated in its function's docstring. The best
+``mu`` for a fixed ``omega`` and the solution manifold of a +- pair (section 4.2), which chapter 2
+reads too, are in ``iclnb.analysis.flow``.
 
 Functions take numpy arrays, torch tensors or sequences and return numpy arrays (python floats
 for scalars). ``n`` (context length), ``d`` (dimension) and ``sigma2`` (noise variance) are
@@ -29,11 +30,12 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
 from iclnb.analysis.circuits import classify_heads, diag_ratio
+from iclnb.analysis.flow import loss_constant
 from iclnb.engine.tasks import LinearRegression
-from iclnb.engine.util import check, check_int, check_real, check_regression
+from iclnb.engine.util import check, check_int, check_real
 
 __all__ = [
-    "approx_loss", "approx_loss_grad", "flow_rhs", "mu_star", "Manifold", "manifold", "asymptotic_step",
+    "approx_loss", "approx_loss_grad", "flow_rhs",
     "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
     "established_at", "training_stages", "fit_time_scale", "flow_without_exp", "trajectory_gap", "gd_time",
     "approx_loss_without_exp", "stage1_timing",
@@ -41,11 +43,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------ the loss
-def _params(n, d, sigma2) -> float:
-    check_regression(n, d, sigma2)
-    return (1.0 + sigma2) / n
-
-
 def _arr(name, a) -> np.ndarray:
     if hasattr(a, "detach"):
         a = a.detach().cpu().numpy()
@@ -70,7 +67,7 @@ def _out(a):
 
 def approx_loss(omega, mu, n: int, d: int, sigma2: float):
     """Ltilde(omega, mu) of Proposition 4.1; ``omega``, ``mu`` of shape (..., H) (broadcast), returns (...)."""
-    c = _params(n, d, sigma2)
+    c = loss_constant(n, d, sigma2)
     w, m = _pair(omega, mu)
     E = np.exp(d * w[..., :, None] * w[..., None, :])
     wm = (w * m).sum(-1)
@@ -84,7 +81,7 @@ def approx_loss_grad(omega, mu, n: int, d: int, sigma2: float):
     dL/domega_h = -2 mu_h + 2 mu_h (mu^T omega) + 2 c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
     """
     w, m = _pair(omega, mu)
-    return _grad(w, m, _params(n, d, sigma2), d)
+    return _grad(w, m, loss_constant(n, d, sigma2), d)
 
 
 def _grad(w, m, c: float, d: int):
@@ -108,58 +105,6 @@ def flow_rhs(omega, mu, n: int, d: int, sigma2: float):
     return -0.5 * g_w, -0.5 * g_mu
 
 
-# ---------------------------------------------------------------------- best mu, solution manifold
-def mu_star(omega, n: int, d: int, sigma2: float) -> np.ndarray:
-    """The minimiser over mu of Ltilde for fixed omega (..., H): [omega omega^T + c exp(d omega omega^T)]^{-1} omega.
-
-    The matrix is positive semi-definite and omega lies in its range, so this minimises the
-    quadratic; where it is singular (two heads with equal omega, or omega = 0) the
-    minimum-norm minimiser (pseudo-inverse) is returned.
-    """
-    c = _params(n, d, sigma2)
-    w = _arr("omega", omega)
-    A = w[..., :, None] * w[..., None, :] + c * np.exp(d * w[..., :, None] * w[..., None, :])
-    try:
-        return np.linalg.solve(A, w[..., None])[..., 0]
-    except np.linalg.LinAlgError:
-        return np.einsum("...ij,...j->...i", np.linalg.pinv(A, hermitian=True), w)
-
-
-@dataclass
-class Manifold:
-    """The solution manifold of a +- pair omega = (w, -w), mu = (m, -m), at the best m for each w."""
-
-    omega: np.ndarray  # the scales w
-    mu: np.ndarray  # m*(w) = w / (2 (w^2 + c sinh(d w^2))) (inf at w = 0)
-    loss: np.ndarray  # Ltilde at m*: 1 + sigma2 - w^2 / (w^2 + c sinh(d w^2)) = 1 + sigma2 - step
-    step: np.ndarray  # effective GD step 2 w m* = 1 / (1 + c d sinh(d w^2) / (d w^2))
-
-
-def manifold(omegas, n: int, d: int, sigma2: float) -> Manifold:
-    """Section 4.2's solution manifold for a +- pair, at each scale in ``omegas`` (any shape).
-
-    For omega = (w, -w), mu = (m, -m): Ltilde = 1 + sigma2 - 4 w m + 4 m^2 (w^2 + c sinh(d w^2)),
-    minimised by m* = w / (2 (w^2 + c sinh(d w^2))); then 2 w m* = w^2 / (w^2 + c sinh(d w^2)) and
-    Ltilde(m*) = 1 + sigma2 - 2 w m*. Evaluated through sinh(x)/x, so w = 0 gives the limits
-    (step = :func:`asymptotic_step`, mu = inf). The loss rises with |w|: the valley is almost
-    flat as w -> 0.
-    """
-    c = _params(n, d, sigma2)
-    w = np.asarray(omegas, dtype=np.float64)
-    x = d * w**2
-    shc = np.where(x > 0, np.sinh(x) / np.where(x > 0, x, 1.0), 1.0)
-    step = 1.0 / (1.0 + c * d * shc)
-    with np.errstate(divide="ignore"):
-        mu = step / (2.0 * w)
-    return Manifold(omega=w, mu=mu, loss=1.0 + sigma2 - step, step=step)
-
-
-def asymptotic_step(n: int, d: int, sigma2: float) -> float:
-    """The manifold's step as omega -> 0: 1 / (1 + d (1 + sigma2) / n) (the paper's eta*; it equals the
-    exact finite-n optimum of debiased GD, ``iclnb.analysis.predictors.debiased_gd_optimal_step``)."""
-    return 1.0 / (1.0 + d * _params(n, d, sigma2))
-
-
 def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 20_000, seed: int = 0,
                  device="cpu", dtype=torch.float64, return_se: bool = False):
     """The true loss E(y_hat - y_q)^2 (Monte Carlo, noisy target) of the +- pair omega = (w, -w),
@@ -177,7 +122,7 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
     from iclnb.analysis.predictors import kernel_sum_predict, mc_risk
     from iclnb.engine.util import cpu_threads
 
-    _params(n, d, sigma2)
+    loss_constant(n, d, sigma2)
     w = np.asarray(omegas, dtype=np.float64).ravel()
     m = torch.as_tensor(np.asarray(mus, dtype=np.float64).ravel(), dtype=dtype, device=device)
 
@@ -225,7 +170,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     (default ``num`` equally spaced times from 0 to t_end) and kept continuous in
     ``Trajectory.dense``. Raises RuntimeError when the solver fails.
     """
-    c = _params(n, d, sigma2)
+    c = loss_constant(n, d, sigma2)
     w0, m0 = _pair(omega0, mu0)
     check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
     check_real("t_end", t_end, strict=True)
@@ -521,3 +466,4 @@ def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: 
     tol = (1.0 / n + 2.0 * lr) * t_flow + 2.0 * lr * log_every + 3.0 * se
     return {"t_gd": t_gd, "t_flow": t_flow, "t_null": stage1(null.omega, null.mu), "tol": tol, "flow": flow,
             "null": null}
+

@@ -9,9 +9,10 @@ bandwidth w^(-1/2), so w (the paper's w_KQ) is the inverse window size.
 The general pieces live in the shared modules: the task ``lipschitz``
 (:class:`iclnb.engine.tasks.LipschitzRegression`), the kernel units ``kernel`` and ``kernel_linear``
 (:mod:`iclnb.engine.models`), per-member risks (:func:`iclnb.analysis.predictors.mc_risk` with a list of tasks),
-the metrics of M (:func:`iclnb.analysis.circuits.proportional_error`, ``window``, ``principal_angles``)
-and the fits (:func:`iclnb.engine.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
-is here: :func:`window_curves` / :func:`optimal_window`, the Monte Carlo loss over M = w I split
+the distance of M from a multiple of a matrix (:func:`iclnb.engine.readout.proportional_error`) and
+the fits (:func:`iclnb.engine.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
+is here: the attention weights of a kernel matrix (:func:`kernel_weights`),
+:func:`window_curves` / :func:`optimal_window`, the Monte Carlo loss over M = w I split
 into bias and noise, and the chapter's null predictors: :func:`best_fixed_window` (one window for
 many tasks, chosen without knowing L), :func:`kernel_unit` (a unit with given kernel matrices,
 e.g. fixed windows w I) and :func:`fit_linear_attention` (the best linear attention, with or
@@ -27,7 +28,15 @@ import torch
 
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
-from iclnb.engine.util import check, check_int, check_real, check_reals, generator
+from iclnb.engine.util import check, check_int, check_real, check_reals, generator, rank_correlation
+
+
+def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
+    """Attention weights softmax_i(x_i^T M x_q) (B, n) for X (B,n,d), xq (B,d); M a matrix or a
+    number w (M = w I)."""
+    M = torch.as_tensor(M, dtype=X.dtype, device=X.device)
+    u = xq * M if M.dim() == 0 else xq @ M.T
+    return torch.softmax((X @ u.unsqueeze(-1))[..., 0], -1)
 
 
 def window_curves(task: LipschitzRegression, ws, num_prompts: int = 20_000, seed: int = 0, shape=None,
@@ -144,3 +153,15 @@ def fit_linear_attention(tasks, intercept: bool = True, num_prompts: int = 20_00
         Ms.append(theta[: d * d].reshape(d, d))
         cs.append(theta[d * d] if intercept else torch.zeros((), dtype=torch.float64))
     return LinearAttentionFit(torch.stack(Ms).to(device), torch.stack(cs).to(device))
+
+
+def norm_rank(M_history, t: int, L_grid, groups) -> float:
+    """min over ``groups`` (lists of unit indices, one per class, ordered as ``L_grid``) of the
+    rank correlation of |M|_F at logged step ``t`` (``M_history[k][t]``, unit k) with L."""
+    norms = np.array([np.linalg.norm(M_history[k][t]) for k in range(len(M_history))])
+    return min(rank_correlation(L_grid, norms[g]) for g in groups)
+
+
+def loglog_slope(x, r) -> float:
+    """The least-squares slope of log r against log x."""
+    return np.polyfit(np.log(x), np.log(r), 1)[0]

@@ -117,17 +117,17 @@ def head_outputs(kq_, ov_, Z: torch.Tensor, xq: torch.Tensor, activation="softma
     ``Z`` (B,n,D) shared by the heads or (H,B,n,D) one prompt batch per head, ``xq`` (B,d) or
     (H,B,d). ``activation``: a name for :func:`attention`, or a function S (B,H,n) -> p (B,H,n)
     (a model's own kernel). Differentiable in the circuits and the prompts."""
-    K, V = _t(kq_, Z), _t(ov_, Z)
+    KQ, V = _t(kq_, Z), _t(ov_, Z)
     V = V.unsqueeze(-1) if V.dim() == 2 else V
     d = xq.shape[-1]
     if Z.dim() == 3:
-        S = torch.einsum("bnd,mde,be->mbn", Z, K[:, :, :d], xq)
-        Vz = torch.einsum("bnd,mdt->mbnt", Z, V)
+        S = torch.einsum("bnd,hde,be->hbn", Z, KQ[:, :, :d], xq)
+        Vz = torch.einsum("bnd,hdt->hbnt", Z, V)
     else:
-        S = torch.einsum("mbnd,mde,mbe->mbn", Z, K[:, :, :d], xq)
-        Vz = torch.einsum("mbnd,mdt->mbnt", Z, V)
+        S = torch.einsum("hbnd,hde,hbe->hbn", Z, KQ[:, :, :d], xq)
+        Vz = torch.einsum("hbnd,hdt->hbnt", Z, V)
     P = activation(S.transpose(0, 1)) if callable(activation) else attention(S.transpose(0, 1), activation, n_train)
-    return torch.einsum("bmn,mbnt->mbt", P, Vz)
+    return torch.einsum("bhn,hbnt->hbt", P, Vz)
 
 
 def forward(kq_, ov_, Z: torch.Tensor, xq: torch.Tensor, activation="softmax", n_train=None) -> torch.Tensor:

@@ -18,7 +18,7 @@ Registered tasks (``TASKS``):
   b = softmax(A x*); tokens [a_i; n b_i - 1]; the query a_q ~ N(0, I_d) has target a_q^T x*
   (Li, Song, Xia, Yu, Zhou 2023).
 * ``lipschitz`` (chapters 4, 5): covariates (sphere or Gaussian, optionally correlated) -> a
-  direction w in the span of an orthonormal B (d x k; all of R^d by default) -> a function of
+  direction w in the span of an orthonormal W (d x k; all of R^d by default) -> a function of
   w^T u: affine / ReLU / cosine classes with Lipschitz constant L (chapter 4) or the fixed links
   of chapter 5 (linear, shifted, quadratic, cos4); label noise sigma (Collins et al. 2024).
 * ``multitask`` (chapter 6): T linear tasks on one x ~ N(0, I_d), task t reading only the
@@ -292,7 +292,7 @@ def function_values(function: str, L, t, c):
 
 
 def random_subspace(d: int, k: int, seed: int) -> torch.Tensor:
-    """An orthonormal B (d, k), float64, uniform on the Grassmannian: the Q factor (signs fixed by
+    """An orthonormal W (d, k), float64, uniform on the Grassmannian: the Q factor (signs fixed by
     R's diagonal) of a Gaussian d x k matrix drawn from ``derive_seed(seed, "subspace", d, k)``."""
     check_int("rank", k, 1, d)
     g = torch.Generator().manual_seed(derive_seed(seed, "subspace", d, k))
@@ -303,19 +303,19 @@ def random_subspace(d: int, k: int, seed: int) -> torch.Tensor:
 @register
 @dataclass(frozen=True)
 class LipschitzRegression(Task):
-    """Prompts of f(u) = g(w^T u): covariates -> a direction w in col(B) -> a function of w^T u.
+    """Prompts of f(u) = g(w^T u): covariates -> a direction w in col(W) -> a function of w^T u.
 
     Covariates: u_i uniform on S^(d-1) (``covariates="gaussian"``: N(0, I/d), the same second
     moment); x_i = Sigma^(1/2) u_i with Sigma_ij = rho^|i-j| (``rho=0``: x = u). Direction: per
-    prompt a ~ U(S^(k-1)) and w = B a, B (d, k) orthonormal (:attr:`subspace`, drawn from
-    ``subspace_seed``; ``rank=0``: B = I, w uniform on S^(d-1)). Function of t = w^T u
+    prompt a ~ U(S^(k-1)) and w = W a, W (d, k) orthonormal (:attr:`subspace`, drawn from
+    ``subspace_seed``; ``rank=0``: W = I, w uniform on S^(d-1)). Function of t = w^T u
     (``function``), in u:
 
     * classes (chapter 4), each with sup Lip(f) = L: ``affine`` f = L t + b, b ~ U[-L, L];
       ``relu`` f = l1 (t)_+ + l2 (-t)_+ + b, l1, l2, b ~ U[-L, L] (the slides' F_L^+,
       Lip f = max(|l1|, |l2|)); ``cosine`` f = cos(L t + phi), phi ~ U[0, 2 pi) (L the frequency).
       The paper's affine and cosine parameterisations are not recovered; these are our choices.
-    * links (chapter 5), f = L g(t): ``linear`` g = t (= a^T B^T u), ``shifted`` g = t + 2 (the
+    * links (chapter 5), f = L g(t): ``linear`` g = t (= a^T W^T u), ``shifted`` g = t + 2 (the
       paper's affine link), ``quadratic`` g = t^2, ``cos4`` g = cos(4 t).
 
     Context labels y_i = f(u_i) + sigma eps_i; the target y_q = f(u_q) is noiseless.
@@ -326,8 +326,8 @@ class LipschitzRegression(Task):
     sigma: float = 0.1  # label-noise standard deviation
     covariates: str = "sphere"  # one of COVARIATES
     rho: float = 0.0  # Sigma_ij = rho^|i-j|; 0: isotropic
-    rank: int = 0  # k, the rank of the direction's subspace B; 0: B = I (every direction)
-    subspace_seed: int = 0  # seeds B (when rank is 1 or more)
+    rank: int = 0  # k, the rank of the direction's subspace W; 0: W = I (every direction)
+    subspace_seed: int = 0  # seeds W (when rank is 1 or more)
     name: ClassVar[str] = "lipschitz"
 
     def validate(self):
@@ -352,7 +352,7 @@ class LipschitzRegression(Task):
 
     @property
     def subspace(self) -> torch.Tensor:
-        """B (d, k), float64, orthonormal: the directions w = B a span its columns (I for rank 0)."""
+        """W (d, k), float64, orthonormal: the directions w = W a span its columns (I for rank 0)."""
         if self.rank == 0:
             return torch.eye(self.d, dtype=torch.float64)
         return random_subspace(self.d, self.rank, self.subspace_seed)
@@ -409,7 +409,7 @@ def _covariates(tasks, us, device):
 
 def _directions(tasks, q, device, dtype):
     """Stage 2: w (K,B,d) from drawn normals q (K,B,d): rank 0, w = q / |q|; rank k, a = the first
-    k normals over their norm (uniform on S^(k-1)) and w = B a, B the member's subspace."""
+    k normals over their norm (uniform on S^(k-1)) and w = W a, W the member's subspace."""
     if all(t.rank == 0 for t in tasks):
         return q / q.norm(dim=-1, keepdim=True)
     w = torch.empty_like(q)
@@ -421,10 +421,10 @@ def _directions(tasks, q, device, dtype):
             continue
         a = q[sl][..., : t0.rank]
         a = a / a.norm(dim=-1, keepdim=True)
-        Bt = constant(("subspace-t", t0.d, t0.rank, t0.subspace_seed), device, dtype, lambda: t0.subspace.T)
-        s = a[..., 0:1] * Bt[0]
+        Wt = constant(("subspace-t", t0.d, t0.rank, t0.subspace_seed), device, dtype, lambda: t0.subspace.T)
+        s = a[..., 0:1] * Wt[0]
         for j in range(1, t0.rank):
-            s = torch.addcmul(s, a[..., j : j + 1], Bt[j])
+            s = torch.addcmul(s, a[..., j : j + 1], Wt[j])
         w[sl] = s
     return w
 

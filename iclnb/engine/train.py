@@ -1,17 +1,17 @@
 """The training engine, the library's one training loop: K models trained at once.
 
-Any registered model (``iclnb.engine.models.MODELS``) on any registered task (``iclnb.engine.tasks.TASKS``).
-Data: fresh prompts every step from the task's sampler, with a generator (on the training
-device) seeded by ``derive_seed(seed, "data")``; every member sees the same batches (common random numbers
-across head counts), or, with per-member task parameters, each member draws its own prompts
-from its own task (``derive_seed(seed, "data", k)``); on the CPU the next batches are drawn
-in a second thread while a step trains (``iclnb.engine.util.Prefetch``, ``$ICLNB_PREFETCH``; the same
-numbers). Init: member k from ``init_seeds[k]``
-(default ``derive_seed(seed, "init")`` for every member), so a member of an ensemble trains
-exactly as the same config trained alone. Optimiser: Adam on the flat parameter buffer, which
-is K independent Adams. Loss: MSE on the (noisy) target y_q, no 1/2, mean over the batch (and
-outputs), one loss per member. NaN guard, progress bar, run cache (keyed by the full config,
-the device type, the library version and the source of the modules that produce a run).
+Any registered model (``iclnb.engine.models.MODELS``) on any registered task
+(``iclnb.engine.tasks.TASKS``). Data: fresh prompts every step from the task's sampler, with a
+generator (on the training device) seeded by ``derive_seed(seed, "data")``; every member sees
+the same batches (common random numbers across head counts), or, with per-member task
+parameters, each member draws its own prompts from its own task (``derive_seed(seed, "data",
+k)``); on the CPU the next batches are drawn in a second thread while a step trains
+(``iclnb.engine.util.Prefetch``, ``$ICLNB_PREFETCH``; the same numbers). Init: member k from
+``init_seeds[k]`` (default ``derive_seed(seed, "init")`` for every member), so a member of an
+ensemble trains exactly as the same config trained alone. Optimiser (:mod:`iclnb.engine.optim`):
+Adam on the flat parameter buffer, which is K independent Adams. Loss: MSE on the (noisy)
+target y_q, no 1/2, mean over the batch (and outputs), one loss per member. NaN guard, progress
+bar, run cache (:mod:`iclnb.engine.cache`). On CUDA, blocks of steps replay as CUDA graphs.
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
 parameters after s updates (on a fresh batch), and what the model's ``snapshot`` declares
@@ -23,23 +23,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import hashlib
 import inspect
 import json
 import os
-import sys
-import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-import iclnb
+from iclnb.engine.cache import _entry_lock, _load, _save, cache_path
 from iclnb.engine.models import MODELS
-from iclnb.engine.progress import training_update
+from iclnb.engine.optim import make_optimizer
+from iclnb.engine.progress import members_words, show_bar, training_update
 from iclnb.engine.tasks import Task, make_task, sample_members
 from iclnb.engine.util import (
     DTYPES,
@@ -157,9 +154,9 @@ class TrainConfig:
 
 
 class History:
-    """Logged training curves: ``steps`` (T,), ``loss`` (K,T) and, per member k, what the model
-    declares (``members[k]``, a dict of arrays with a leading (T,) axis; for attention models
-    kq (T,H,D,D), ov (T,H,D), omega and mu (T,H)). ``history.omega[k]`` reads ``members[k]["omega"]``."""
+    """Logged training curves: ``steps`` (S,), ``loss`` (K,S) and, per member k, what the model
+    declares (``members[k]``, a dict of arrays with a leading (S,) axis; for attention models
+    kq (S,H,D,D), ov (S,H,D), omega and mu (S,H)). ``history.omega[k]`` reads ``members[k]["omega"]``."""
 
     def __init__(self, steps, loss, members):
         self.steps, self.loss, self.members = steps, loss, members
@@ -180,7 +177,8 @@ class Run:
     train_seconds: float  # wall time of the original training
     from_cache: bool
     # how the original training ran: "cuda graphs" (full blocks replayed) or "eager", and why
-    # eager where graphs were asked for (fewer than 2 x log_every steps, a failed capture, ...)
+    # eager where graphs were asked for (fewer than 2 x log_every steps, a failed capture, ...);
+    # "untrained" under $ICLNB_UNTRAINED (see train)
     training: str = "eager"
     training_note: str = ""
     replayed_steps: int = 0  # steps run as CUDA graph replays (the others eagerly)
@@ -206,18 +204,6 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
     return cls(cfg.d, heads=heads, outputs=outputs, seeds=seeds, device=device or cfg.device, dtype=cfg.dtype, **params)
 
 
-def _show_progress(progress) -> bool:
-    """None: a bar on a terminal or in a Jupyter kernel, unless ``ICLNB_QUIET`` is set (the book
-    runner sets it for papermill, whose kernels cannot otherwise be told from interactive ones)."""
-    if progress is not None:
-        return bool(progress)
-    if os.environ.get("ICLNB_QUIET", "0") not in ("", "0"):
-        return False
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return type(shell).__name__ == "ZMQInteractiveShell" or bool(sys.stderr and sys.stderr.isatty())
-
-
 def prompt_stream(cfg: TrainConfig, device, dtype):
     """(``next_batch()`` -> Prompts of the config's data stream, the generators it draws from).
 
@@ -233,70 +219,6 @@ def prompt_stream(cfg: TrainConfig, device, dtype):
     tasks = cfg.tasks
     gens = [generator(cfg.seed, "data", k, device=device) for k in range(cfg.K)]
     return (lambda: sample_members(tasks, cfg.batch, gens, device, dtype)), gens
-
-
-class LeanAdam(torch.optim.Adam):
-    """torch's fused Adam without its per-step Python bookkeeping, for the CPU (where it costs
-    about 0.07 ms a step, several percent of a small ensemble's step): the first step sets the
-    state up through torch, every later one makes the two calls torch's own fused step makes
-    (so the numbers are the same), with the argument lists built once and reused while the
-    parameters' gradients and the state are the same tensors (checked every step, so a loaded
-    state or another group rebuilds them). Anything but plain fused Adam on
-    one group goes to torch. ``step`` is bound per instance, past the wrapper torch puts on every
-    optimizer's step (a profiler record and the step hooks: ~0.03 ms a step; this library
-    registers no optimizer hooks)."""
-
-    _lean = None  # (params, grads, exp_avgs, exp_avg_sqs, steps) of the last lean step
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.step = self._lean_step
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        self.step = self._lean_step
-
-    def _lean_step(self, closure=None):
-        g, lean = self.param_groups[0], self._lean
-        if (lean is None or not self._plain(closure) or len(g["params"]) != len(lean[0])
-                or any(p.grad is not q or self.state[p].get("step") is not s
-                       for p, q, s in zip(lean[0], lean[1], lean[4]))):
-            lean = self._lean = self._lean_lists(closure)
-            if lean is None:
-                return torch.optim.Adam.step(self, closure)
-        torch._foreach_add_(lean[4], 1)
-        torch._fused_adam_(*lean[:4], [], lean[4], amsgrad=False, lr=g["lr"], beta1=g["betas"][0],
-                           beta2=g["betas"][1], weight_decay=0.0, eps=g["eps"], maximize=False,
-                           grad_scale=None, found_inf=None)
-        return None
-
-    def _plain(self, closure) -> bool:
-        """Plain fused Adam on one group (checked every step: a group's settings may change)."""
-        g = self.param_groups[0]
-        return (closure is None and len(self.param_groups) == 1 and g["fused"] and not g["amsgrad"]
-                and not g["maximize"] and not g["weight_decay"] and not torch.is_tensor(g["lr"]))
-
-    def _lean_lists(self, closure):
-        """The lean step's argument lists, or None where torch's own step must run."""
-        g = self.param_groups[0]
-        params = [p for p in g["params"] if p.grad is not None]
-        if not self._plain(closure) or len(params) != len(g["params"]) or any(p not in self.state for p in params):
-            return None
-        states = [self.state[p] for p in params]
-        return (params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states], [s["step"] for s in states])
-
-
-
-def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg`` over ``model.flat``, as training uses it: plain gradient descent
-    (``optimizer="sgd"``: stateless, so a CUDA graph captures it as it is), or fused Adam,
-    capturable on CUDA and :class:`LeanAdam` on the CPU (the same numbers)."""
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD([model.flat], lr=cfg.lr)
-    cuda = model.flat.device.type == "cuda"
-    return (torch.optim.Adam if cuda else LeanAdam)([model.flat], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                                                    fused=True, capturable=cuda)
 
 
 class _Blocks:
@@ -368,14 +290,6 @@ def _restore_training_state(state, model, opt, generators) -> None:
         g.set_state(s)
 
 
-def _members(heads: tuple) -> str:
-    """The ensemble in a few words: "heads=[1, 2, 4]", or "20 members (H=1)" for long lists."""
-    if len(heads) <= 6:
-        return f"heads={list(heads)}"
-    hs = sorted(set(heads))
-    return f"{len(heads)} members (H={hs[0]})" if len(hs) == 1 else f"{len(heads)} members (H={hs[0]}..{hs[-1]})"
-
-
 def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
     """Train ``model`` in place; returns (logs, training): the logged tensors (steps, loss and the
     snapshot's) and how it trained (:class:`Run`'s ``training``, ``training_note``,
@@ -429,7 +343,7 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
                 f"training diverged: member {k} (heads={model.heads[k]}) has loss {rows[j, k].item()} at "
                 f"step {first_step + j} (model={cfg.model}, task={cfg.task}, lr={cfg.lr}); try a smaller lr")
 
-    desc, started = f"{cfg.model} {_members(cfg.heads)}", time.perf_counter()
+    desc, started = f"{cfg.model} {members_words(cfg.heads)}", time.perf_counter()
     if show:
         from tqdm import tqdm
 
@@ -507,118 +421,34 @@ def _history(model, logs) -> History:
                    [model.member_log(arrays, k) for k in range(model.K)])
 
 
-# ---- run cache ------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$ICLNB_CACHE_DIR``, else ``~/.cache/iclnb``."""
-    return Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
-
-
-def _source_hash() -> str:
-    """sha256 of the source of every module of :mod:`iclnb.engine` (tasks, activations, models,
-    the step, the optimiser, the loop, util: everything a trained model depends on; the engine
-    imports nothing above it): an edited sampler, activation, model or loop keys new cache
-    entries instead of reloading stale runs."""
-    global _SOURCE_HASH
-    if _SOURCE_HASH is None:
-        h = hashlib.sha256()
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-        _SOURCE_HASH = h.hexdigest()[:16]
-    return _SOURCE_HASH
-
-
-_SOURCE_HASH = None
-
-
-def _canonical(cfg: TrainConfig, device: torch.device) -> str:
-    """The cache identity: the full config, the device type it ran on, the library version and
-    the hash of the source that produces a run."""
-    return json.dumps({"config": asdict(cfg), "device_type": device.type, "iclnb": iclnb.__version__,
-                       "source": _source_hash()}, sort_keys=True, separators=(",", ":"))
-
-
-def cache_path(cfg: TrainConfig) -> Path:
-    key = hashlib.sha256(_canonical(cfg, resolve_device(cfg.device)).encode()).hexdigest()[:24]
-    return cache_dir() / f"{cfg.model}-{cfg.task}-{key}.pt"
-
-
-def _load(path: Path, cfg: TrainConfig, model):
-    """The cached (logs, train_seconds), or None if absent; a bad entry warns and returns None."""
-    if not path.exists():
-        return None
-    try:
-        entry = torch.load(path, map_location="cpu", weights_only=True)
-        if entry["key"] != _canonical(cfg, model.flat.device):
-            raise ValueError("the entry belongs to another config")
-        with torch.no_grad():
-            model.flat.copy_(entry["flat"])
-        with torch.no_grad():
-            shapes = {k: tuple(v.shape) for k, v in model.snapshot().items()}
-        logs = {k: entry[k] for k in ("steps", "loss", *shapes)}
-        T = len(range(0, cfg.steps, cfg.log_every)) + 1
-        if logs["steps"].shape != (T,) or any(logs[k].shape != (T, *s) for k, s in shapes.items()):
-            raise ValueError("the logged history has the wrong shape")
-        training = {"training": str(entry["training"]), "training_note": str(entry["training_note"]),
-                    "replayed_steps": int(entry["replayed_steps"]), "capture_seconds": float(entry["capture_seconds"])}
-        return logs, float(entry["train_seconds"]), training
-    except Exception as e:  # noqa: BLE001 - any unreadable entry is recomputed, never fatal
-        warnings.warn(f"ignoring unreadable run-cache entry {path} ({type(e).__name__}: {e}); retraining",
-                      stacklevel=3)
-        return None
-
-
-def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float, training: dict) -> None:
-    """Atomic write (temp file in the same directory + os.replace); only tensors, numbers, strings.
-    The entry records how the run trained (``training``: CUDA graphs or eager, and why)."""
-    entry = {"key": _canonical(cfg, model.flat.device), "flat": model.flat.detach().cpu(),
-             "train_seconds": float(seconds), **training, **logs}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(entry, f)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    except OSError as e:
-        warnings.warn(f"could not write the run cache at {path} ({e}); continuing without it", stacklevel=3)
-
-
-@contextlib.contextmanager
-def _entry_lock(path: Path):
-    """Hold an exclusive lock on one cache entry while it is looked up and, on a miss, trained and
-    written: processes (sweep workers, on one machine or on a shared file system that supports
-    POSIX locks) that need the same config train it once, and the others then load it. Entries
-    are written atomically in any case, so without locks (no fcntl, an unwritable cache) a
-    concurrent miss costs a second training, never a corrupt entry."""
-    try:
-        import fcntl
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path.with_name(path.name + ".lock"), "a")
-    except (ImportError, OSError):
-        yield
-        return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 RUNS_ENV = "ICLNB_RUNS"  # a JSON-lines file: one line per train() call (the book runner sets it)
+UNTRAINED_ENV = "ICLNB_UNTRAINED"  # "1": train() returns every model at its init (the "can it fail" test)
+_UNTRAINED = {"training": "untrained", "training_note": f"{UNTRAINED_ENV}=1: models at their initialisation",
+              "replayed_steps": 0, "capture_seconds": 0.0}
 
 
-def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict) -> None:
+def _untrained() -> bool:
+    return os.environ.get(UNTRAINED_ENV, "0") not in ("", "0")
+
+
+def _initial_logs(cfg: TrainConfig, model) -> dict:
+    """An untrained run's logs: step 0 only, the loss of the initial parameters on the stream's
+    first batch (what training logs at step 0) and the model's snapshot."""
+    batch, _ = prompt_stream(cfg, model.flat.device, model.flat.dtype)
+    with torch.no_grad():
+        p = batch()
+        loss = model.member_losses(model.predict(p.Z, p.xq), p.yq)
+        snap = model.snapshot()
+    return {"steps": torch.tensor([0]), "loss": loss.cpu()[None], **{k: v.cpu()[None] for k, v in snap.items()}}
+
+
+def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict, untrained: bool = False) -> None:
     """Append how a run trained to ``$ICLNB_RUNS`` when set (the Reproducibility page reads it)."""
     path = os.environ.get(RUNS_ENV)
     if not path:
         return
-    line = {"run": f"{cfg.model} {_members(cfg.heads)}", "steps": cfg.steps, "device": str(device),
-            "from_cache": from_cache, **training}
+    line = {"run": f"{cfg.model} {members_words(cfg.heads)}", "steps": cfg.steps, "device": str(device),
+            "from_cache": from_cache, "untrained": untrained, **training}
     try:
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -635,21 +465,30 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
     CUDA graphs (None/True, the default; a failed capture raises :class:`CaptureFailed`),
     eagerly (False), or in graphs going on eagerly after a failed capture ("fallback"); the
     results are the same. ``Run.training`` says which it was (for a cache hit: the original run).
+
+    With ``ICLNB_UNTRAINED=1`` in the environment (the book's "can it fail" test: every claim
+    about trained models run on untrained ones) every model is returned at its initialisation:
+    no optimiser step, a history holding the step-0 log only (the initial loss and snapshot, so
+    code reading ``run.history`` still runs), the run cache neither read nor written,
+    ``Run.training == "untrained"`` and ``"untrained": true`` in the ``$ICLNB_RUNS`` record.
     """
     check("cfg", type(cfg).__name__, isinstance(cfg, TrainConfig), "a TrainConfig")
     t0 = time.perf_counter()
-    model = build_model(cfg)
-    path = cache_path(cfg)
+    model, untrained = build_model(cfg), _untrained()
+    cache = cache and not untrained  # an untrained run neither reads nor writes the cache
+    path = cache_path(cfg) if cache else None
     with _entry_lock(path) if cache else contextlib.nullcontext():
         hit = _load(path, cfg, model) if cache else None
-        if hit is not None:
+        if untrained:
+            logs, train_seconds, training = _initial_logs(cfg, model), 0.0, dict(_UNTRAINED)
+        elif hit is not None:
             logs, train_seconds, training = hit
         else:
             with cpu_threads(model.flat.device):
-                logs, training = _fit(cfg, model, _show_progress(progress), cuda_graphs)
+                logs, training = _fit(cfg, model, show_bar(progress), cuda_graphs)
             train_seconds = time.perf_counter() - t0
             if cache:
                 _save(path, cfg, model, logs, train_seconds, training)
-    _record_run(cfg, model.flat.device, hit is not None, training)
+    _record_run(cfg, model.flat.device, hit is not None, training, untrained)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
                train_seconds=train_seconds, from_cache=hit is not None, **training)

@@ -144,9 +144,8 @@ def keep_freed_memory() -> None:
     """Stop glibc from handing freed memory back to the OS after every step (Linux only).
 
     By default glibc trims the heap and unmaps blocks above ~128 KB as soon as they are freed,
-    so each training step page-faults its few MB of temporaries back in: 300-700 page faults
-    per step for the five-model ensemble, which halved its speed on the 2-vCPU VM the
-    benchmarks ran on. Keeping freed memory (trim at 256 MB; blocks above 32 MB still use mmap)
+    so each training step page-faults its few MB of temporaries back in (benchmarks/README.md
+    has the cost). Keeping freed memory (trim at 256 MB; blocks above 32 MB still use mmap)
     removes them. Process-wide and idempotent; a no-op without glibc.
     """
     try:
@@ -281,7 +280,7 @@ class Prefetch:
 # ---- small numerics shared by chapters --------------------------------------------------------
 def rowdot(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """sum_a A[..., a] v[..., a] (broadcasting): for the few coordinates of the tasks here a loop
-    of fused multiply-adds is 2-3x faster than a reduction or a batched matmul over tiny matrices,
+    of fused multiply-adds is faster than a reduction or a batched matmul over tiny matrices,
     and elementwise, so every member gets the same bits however many are stacked."""
     s = A[..., 0] * v[..., 0]
     for a in range(1, A.shape[-1]):

@@ -1,0 +1,171 @@
+"""Pass rates over seeds: a chapter run at each of several seeds at its defaults, claims not
+enforced, and one small record of every claim's value and verdict at each seed.
+
+``iclnb robustness CH --seeds 0 1 2 3 4 [--jobs N] [--scheduler ADDRESS] [--out DIR]`` calls
+:func:`robustness`: a sweep (:mod:`iclnb.bookkit.sweep`) of the chapter's ``seed`` parameter with
+``enforce_claims`` off (a failing claim is recorded, not raised) and every other parameter at its
+default. The runs go under ``DIR`` (default ``sweeps/robustness/NN_name``; a second call skips the
+seeds already run from the same chapter source). The record goes to
+``book/robustness/NN_name.json``, committed with the book::
+
+    {"chapter": "NN_name", "seeds": [0, 1, 2, 3, 4],
+     "commit": "<git HEAD>", or "<git HEAD>-dirty" when the chapter source or iclnb/ differ from it,
+     "source_sha256": "<SHA-256 of notebooks/NN_name.md>", "device": "<in words>",
+     "date": "<ISO 8601, UTC>", "params": {<every other parameter, as the runs had it>},
+     "claims": {"<id>": {"kind": ..., "group": ..., "values": [...], "passed": [...],
+                         "null_passed": [...], "holds": [...], "status": [...]}},
+     "errors": {"<seed>": "<the failing cell and why>"}}
+
+Each list of a claim has one entry per seed, in the order of ``seeds`` (``None`` where that
+seed's run recorded no such claim, e.g. it failed before), taken from the run's claims JSON
+(:meth:`iclnb.bookkit.claims.Claims.to_dict`): ``passed``, the value meets the threshold;
+``null_passed``, the null's value meets it too; ``holds``, the verdict (:func:`holds`,
+:func:`pass_rate`). :func:`robustness_record` reads a record and
+:func:`is_stale` says whether the chapter's source changed since it was written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from iclnb.bookkit import runner, sweep
+
+RECORDS = runner.ROOT / "book" / "robustness"
+SEEDS = (0, 1, 2, 3, 4)
+ENFORCE = "enforce_claims"  # the parameter every chapter has: raise when a claim fails
+# a claim's per-seed lists in a record, and the field of the claims JSON each is taken from
+LISTS = {"values": "value", "passed": "passed", "null_passed": "null_passed", "holds": "holds", "status": "status"}
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=runner.ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def commit(*paths: Path) -> str:
+    """The repository's HEAD commit, with ``-dirty`` when one of ``paths`` (those inside the
+    repository) differs from it, untracked files included; ``"unknown"`` without git."""
+    head = _git("rev-parse", "HEAD")
+    if not head:
+        return "unknown"
+    inside = [str(p) for p in paths if Path(p).resolve().is_relative_to(runner.ROOT)]
+    dirty = inside and _git("status", "--porcelain", "--", *inside)
+    return head + ("-dirty" if dirty else "")
+
+
+def _claims(records: list[dict]) -> dict:
+    """Per claim id (in order of first appearance), its kind, group and per-seed lists."""
+    out = {}
+    for i, rec in enumerate(records):
+        for c in (rec.get("claims") or {}).get("claims", []):
+            entry = out.setdefault(c["id"], {"kind": c.get("kind"), "group": c.get("group"),
+                                             **{k: [None] * len(records) for k in LISTS}})
+            for key, field in LISTS.items():
+                entry[key][i] = c.get(field)
+    return out
+
+
+def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], params: dict) -> dict:
+    """The robustness record of ``records`` (the sweep's, one per seed, in the order of ``seeds``)."""
+    devices = sorted({r["device"] for r in records if r.get("device")})
+    return {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, runner.ROOT / "iclnb"),
+            "source_sha256": sweep.source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "params": params, "claims": _claims(records),
+            "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}
+
+
+def dumps(record: dict) -> str:
+    """The record as JSON, one line per list of plain values (a claim's per-seed lists)."""
+    text = json.dumps(record, indent=1, default=str)
+    # a newline is never inside a JSON string: only the layout between a list's items changes
+    flat = re.sub(r"\[\n\s*([^\[\]{}]*?)\n\s*\]", lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)
+    return flat + "\n"
+
+
+def robustness(chapter_spec, seeds=SEEDS, jobs: int | None = None, scheduler: str | None = None,
+               out: str | os.PathLike | None = None, log=print, records: str | os.PathLike = RECORDS) -> dict:
+    """Run the chapter at each of ``seeds`` (see the module's docstring), write its record into
+    ``records`` and return it. Failing claims and failing runs are recorded, never raised."""
+    chapter = sweep._chapter(chapter_spec)
+    defaults = {p.name: p.default for p in chapter.parameters()}
+    missing = [name for name in ("seed", ENFORCE) if name not in defaults]
+    if missing:
+        raise runner.ParameterError(f"chapter {chapter.number} has no parameter {' or '.join(missing)}: "
+                                    "a robustness run sets its seed and turns its claims' enforcement off")
+    seeds = list(seeds)
+    if not seeds or len(set(map(str, seeds))) != len(seeds):
+        raise runner.ParameterError(f"seeds {seeds}: give one or more seeds, none twice")
+    out = Path(out or Path("sweeps") / "robustness" / chapter.slug)
+    res = sweep.sweep(chapter, {"seed": seeds}, jobs=jobs, out=out, scheduler=scheduler, log=log,
+                      fixed={ENFORCE: False})
+    seeds = [r["params"]["seed"] for r in res.records]  # as the chapter's parameters cell types them
+    params = {k: v for k, v in defaults.items() if k != "seed"} | {ENFORCE: False}
+    record = make_record(chapter, seeds, res.records, params)
+    path = Path(records) / f"{chapter.slug}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(dumps(record))
+    os.replace(tmp, path)
+    log(f"robustness record of chapter {chapter.number}: {path}")
+    for line in summary(record):
+        log(line)
+    return record
+
+
+def robustness_record(stem: str, records: str | os.PathLike = RECORDS) -> dict | None:
+    """The robustness record of the chapter ``stem`` (e.g. ``"06_superposition"``), or None when
+    there is none (or it cannot be read)."""
+    try:
+        record = json.loads((Path(records) / f"{stem}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_stale(record: dict, source: str | os.PathLike | None = None) -> bool:
+    """Whether the chapter's source (default ``notebooks/<chapter>.md``) changed since ``record``
+    was written (or is gone): its SHA-256 differs from the record's ``source_sha256``."""
+    path = Path(source) if source is not None else runner.NOTEBOOKS / f"{record.get('chapter')}.md"
+    try:
+        return sweep.source_sha256(path) != record.get("source_sha256")
+    except OSError:
+        return True
+
+
+def holds(entry: dict) -> list[bool | None]:
+    """Per seed, whether a claim of a record holds (an evidence check: its value passes and its
+    null fails; a sanity check: it passes), as the claims JSON said (worked out from ``passed``
+    and ``null_passed`` where it did not); None for a reported number or a seed that did not
+    record the claim."""
+    passed = entry.get("passed") or []
+    nulls, recorded = (entry.get(k) or [None] * len(passed) for k in ("null_passed", "holds"))
+    return [h if h is not None else (None if p is None else bool(p) and not n)  # a JSON without "holds"
+            for h, p, n in zip(recorded, passed, nulls)]
+
+
+def pass_rate(entry: dict) -> tuple[int, int]:
+    """(seeds at which the claim holds, seeds run): a seed whose run failed counts as not holding."""
+    h = holds(entry)
+    return sum(x is True for x in h), len(h)
+
+
+def summary(record: dict) -> list[str]:
+    """The record in words: each check's pass rate, the evidence that holds at fewer than 4 of 5."""
+    lines = [f"  {cid:32s} {e['kind']:8s} holds at {k} of {n} seeds"
+             for cid, e in record["claims"].items() if e.get("kind") in ("check", "finding", "sanity")
+             for k, n in [pass_rate(e)]]
+    weak = [cid for cid, e in record["claims"].items() if e.get("kind") == "check"
+            and pass_rate(e)[0] < 0.8 * pass_rate(e)[1]]
+    if weak:
+        lines.append(f"  evidence checks holding at fewer than 80% of the seeds: {', '.join(weak)}")
+    lines += [f"  seed {s} failed: {err}" for s, err in record.get("errors", {}).items()]
+    return lines

@@ -1,0 +1,276 @@
+"""How claims read on a page: a chapter's claims table and the book's scorecard.
+
+:class:`ClaimsTable` renders one chapter's claims (the rows of ``Claims.to_dict()["claims"]``) as
+HTML in the notebook and as text elsewhere. :func:`scorecard_markdown` writes the scorecard of
+the book's Reproducibility page from every chapter's claims JSON and, where one exists, the
+chapter's robustness record (``iclnb.bookkit.robustness``: the same chapter run at several seeds):
+per chapter and in total, the evidence checks strong and weak, the sanity checks, the findings by
+when they were declared, the numbers reported, the claims not attempted and how many evidence
+checks hold over the seeds; then every claim in scope with its null's kind, its threshold's
+basis, its verdict at this run and its pass rate over the seeds.
+"""
+
+from __future__ import annotations
+
+import html
+
+from iclnb.bookkit.claims import BASES, DECLARED, GROUP_OF, GROUPS, _fmt
+
+ROBUST = (4, 5)  # an evidence check holding at fewer than 4 of every 5 seeds is not evidence
+
+
+def declaration_words(declared: str, commit: str = "") -> str:
+    """How the page says when a finding was declared (from its front-matter field)."""
+    words = {"before": "declared before the run", "after": "declared after a failing run"}.get(
+        declared, "declared at a time the chapter does not record")
+    return words + (f" (commit {commit})" if commit else "")
+
+
+def basis_words(r: dict) -> str:
+    """Where a claim's threshold comes from, in words (a claims-JSON row)."""
+    basis = r.get("basis") or ""
+    if basis not in BASES:
+        return ""
+    if "unsupported basis" in r.get("flags", ()):
+        return f"{BASES[basis]}, unsupported"
+    if basis == "mc" and r.get("se") is not None:
+        return f"Monte Carlo: {_fmt(r['se_multiple'])} × s.e. {_fmt(r['se'])}"
+    if basis == "theory" and r.get("basis_ref"):
+        return f"theory: {r['basis_ref']}"
+    if basis == "paper" and r.get("basis_ref"):
+        return f"the paper: {r['basis_ref']}"
+    if basis == "paper" and r.get("paper") is not None:
+        return f"the paper's {_fmt(r['paper'])}"
+    return BASES[basis]
+
+
+def null_tag(r: dict) -> str:
+    """An evidence claim's null kind and strength, e.g. ``competitor · strong`` ("" for others)."""
+    return f"{r['null_kind']} · {r.get('strength') or 'weak'}" if r.get("null_kind") else ""
+
+
+def is_own(r: dict) -> bool:
+    """The book's own claim, not the paper's (``own=True`` or ref "ours")."""
+    return bool(r.get("own")) or (r.get("ref") or "").strip().lower() == "ours"
+
+
+def _condition_cell(r: dict) -> str:
+    basis = basis_words(r)
+    return f"{r['condition']} ({basis})" if basis and r["condition"] else r["condition"]
+
+
+def _null_cell(r: dict) -> str:
+    if not r.get("null"):
+        return ""
+    tag = f"[{null_tag(r)}] " if r.get("null_kind") else ""
+    if r.get("form") == "ordering":
+        return f"{tag}{r['null']}: {_fmt(r.get('null_value'))} (its own statistic)"
+    verdict = "passes" if r.get("null_passed") else "fails"
+    return f"{tag}{r['null']}: {_fmt(r.get('null_value'))} ({verdict})"
+
+
+def _paper_cell(r: dict) -> str:
+    paper = r.get("paper")
+    ref = r.get("ref") or ""
+    own = "the book's own" + (f"; {ref}" if ref and ref.strip().lower() != "ours" else "")
+    return (own if is_own(r) else ref) + (f" (paper: {_fmt(paper)})" if paper is not None else "")
+
+
+def _measured_cell(r: dict) -> str:
+    if r.get("kind") == "not_attempted":
+        return r.get("note", "")
+    return f"{r['a']}: {_fmt(r['value'])}" if r.get("form") == "ordering" else _fmt(r["value"])
+
+
+class ClaimsTable:
+    """A claims table that renders as HTML in notebooks and the book, and as text elsewhere."""
+
+    def __init__(self, rows: list[dict], enforced: bool = True):
+        self.rows = rows
+        self.enforced = enforced
+
+    HEADERS = ("id", "claim", "measured", "threshold (its basis)", "null ruled out [kind · strength]: its value",
+               "result", "paper")
+    NOT_ENFORCED = ("Claims not enforced: this run records its claims without holding the chapter to them "
+                    "(smoke or sweep parameters); a check that holds reads \"holds (not enforced)\".")
+
+    @staticmethod
+    def _cells(r: dict) -> list[str]:
+        return [r["id"], r["text"], _measured_cell(r), _condition_cell(r), _null_cell(r), r["status"],
+                _paper_cell(r)]
+
+    def groups(self) -> list[tuple[str, list[dict]]]:
+        """(heading, rows) of each non-empty group, in the order of ``GROUPS``."""
+        out = []
+        for g, heading, _ in GROUPS:
+            rows = [r for r in self.rows if r.get("group", GROUP_OF.get(r.get("kind"), "evidence")) == g]
+            if rows:
+                out.append((heading, rows))
+        return out
+
+    def findings(self) -> list[tuple[str, str, str]]:
+        """(id, when it was declared, why) of every finding, the wording from its declaration."""
+        return [(r["id"], declaration_words(r.get("declared", ""), r.get("commit", "")), r["note"])
+                for r in self.rows if r.get("kind") == "finding" and r.get("note")]
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
+        body = []
+        for heading, rows in self.groups():
+            body.append(f'<tr class="iclnb-group"><th colspan="{len(self.HEADERS)}" '
+                        f'style="text-align:left">{html.escape(heading)}</th></tr>')
+            body.extend(self._row_html(r) for r in rows)
+        notes = "".join(f"<li><code>{html.escape(cid)}</code> ({html.escape(when)}): {html.escape(why)}</li>"
+                        for cid, when, why in self.findings())
+        notes = f'<p>Findings:</p><ul class="iclnb-findings">{notes}</ul>' if notes else ""
+        warn = "" if self.enforced else f'<p class="iclnb-not-enforced"><b>{html.escape(self.NOT_ENFORCED)}</b></p>'
+        return (f'{warn}<table class="iclnb-claims"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+                f"</table>{notes}")
+
+    def _row_html(self, r: dict) -> str:
+        color = {"pass": "#1a7f37", "not reproduced": "#9a6700", "not attempted": "#57606a"}.get(
+            r["status"], "#cf222e" if r["status"].startswith(("FAIL", "fails")) else "#57606a")
+        cells = [html.escape(c) for c in self._cells(r)]
+        cells[0] = f"<code>{cells[0]}</code>"
+        cells[5] = f'<b style="color:{color}">{cells[5]}</b>'
+        return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+    def __repr__(self) -> str:
+        text = [] if self.enforced else [self.NOT_ENFORCED]
+        text += [f"{heading}:\n" + "\n".join(" | ".join(self._cells(r)) for r in rows)
+                 for heading, rows in self.groups()]
+        text += [f"finding {cid} ({when}): {why}" for cid, when, why in self.findings()]
+        return "\n".join(text)
+
+
+def _md_row(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+
+def _records(stems: list[str]) -> dict:
+    """stem -> (robustness record or None, stale); no records at all when the module is missing."""
+    try:
+        from iclnb.bookkit.robustness import is_stale, robustness_record
+    except ImportError:
+        return {s: (None, False) for s in stems}
+    out = {}
+    for s in stems:
+        rec = robustness_record(s)
+        out[s] = (rec, bool(rec) and bool(is_stale(rec)))
+    return out
+
+
+def seed_passes(rec: dict | None, cid: str) -> tuple[int, int] | None:
+    """(seeds at which the claim holds, seeds run) from a robustness record; None when the record
+    or the claim is missing. A seed holds when its value passes and its null does not; a seed the
+    record has no verdict for counts as not holding."""
+    c = (rec or {}).get("claims", {}).get(cid)
+    if c is None:
+        return None
+    passed = list(c.get("passed") or [])
+    nulls = list(c.get("null_passed") or []) + [None] * len(passed)
+    n = len(rec.get("seeds") or passed)
+    return sum(bool(p) and not q for p, q in zip(passed, nulls)), n
+
+
+def robust(k: int, n: int) -> bool:
+    """Whether holding at ``k`` of ``n`` seeds is evidence (at least 4 of every 5)."""
+    return n > 0 and ROBUST[1] * k >= ROBUST[0] * n
+
+
+def _seeds_cell(r: dict, rec, stale: bool) -> str:
+    if rec is None:
+        return "no record"
+    kn = seed_passes(rec, r["id"])
+    if kn is None:
+        return "not in the record"
+    text = f"{kn[0]} of {kn[1]}" + (" **not robust**" if r["kind"] == "check" and not robust(*kn) else "")
+    return text + (" (stale)" if stale else "")
+
+
+def _verdict_cell(r: dict) -> str:
+    if r["kind"] == "finding":
+        return f"{r['status']}; finding, {declaration_words(r.get('declared', ''), r.get('commit', ''))}"
+    return r["status"]
+
+
+SUMMARY_HEADERS = ("chapter", "evidence: strong", "evidence: weak", "sanity", "findings declared before",
+                   "findings declared after a failing run", "findings not dated", "reported", "not attempted",
+                   "evidence holding at ≥ 4 of 5 seeds")
+CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "null kind", "threshold's basis", "at this run", "over seeds",
+                 "ref", "paper's value", "ours", "null's value")
+
+
+def _counts(data: dict) -> list[int]:
+    rows = data.get("claims", [])
+    checks = [r for r in rows if r.get("kind") == "check"]
+    found = [r.get("declared") if r.get("declared") in DECLARED else "unknown" for r in rows
+             if r.get("kind") == "finding"]
+    kinds = [r.get("kind") for r in rows]
+    return [sum(r.get("strength") == "strong" for r in checks), sum(r.get("strength") != "strong" for r in checks),
+            kinds.count("sanity"), found.count("before"), found.count("after"), found.count("unknown"),
+            kinds.count("report"), kinds.count("not_attempted")]
+
+
+def _robust_count(data: dict, rec) -> tuple[int, int] | None:
+    if rec is None:
+        return None
+    kns = [seed_passes(rec, r["id"]) for r in data.get("claims", []) if r.get("kind") == "check"]
+    return sum(kn is not None and robust(*kn) for kn in kns), len(kns)
+
+
+def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
+    """The markdown lines of the Reproducibility page's scorecard.
+
+    ``chapters``: ``(title, stem, claims JSON dict)`` for every chapter, in book order; the pass
+    rates over seeds come from ``iclnb.bookkit.robustness.robustness_record(stem)`` ("no record"
+    when the module or the record is missing; "stale" when ``is_stale(record)``)."""
+    records = _records([stem for _, stem, _ in chapters])
+    summary, total, robust_total, claim_rows, notes = [], [0] * 8, [0, 0], [], []
+    for title, stem, data in chapters:
+        rec, stale = records[stem]
+        counts = _counts(data)
+        total = [t + c for t, c in zip(total, counts)]
+        rc = _robust_count(data, rec)
+        if rc is None:
+            cell = "no record"
+            notes.append(f"- {title}: no robustness record (`iclnb robustness {stem} --seeds 0 1 2 3 4`).")
+        else:
+            robust_total = [robust_total[0] + rc[0], robust_total[1] + rc[1]]
+            cell = f"{rc[0]} of {rc[1]}" + (" (stale)" if stale else "")
+            seeds = ", ".join(str(s) for s in rec.get("seeds", []))
+            notes.append(f"- {title}: seeds {seeds}, commit `{rec.get('commit', '?')}`, {rec.get('device', '?')}, "
+                         f"{rec.get('date', '?')}" + (", **stale**: the chapter's source changed since" if stale
+                                                      else "") + ".")
+        summary.append([title, *counts, cell])
+        for r in data.get("claims", []):
+            if r.get("kind") not in ("check", "finding", "not_attempted"):
+                continue
+            attempted = r["kind"] != "not_attempted"
+            paper = r.get("paper")
+            claim_rows.append([title, r["id"], r["text"], "the book's own" if is_own(r) else "the paper's",
+                               null_tag(r), basis_words(r), _verdict_cell(r),
+                               _seeds_cell(r, rec, stale) if attempted else "",
+                               r.get("ref", ""), "" if paper is None else _fmt(paper), _measured_cell(r),
+                               _fmt(r.get("null_value")) if attempted else ""])
+    if not chapters:
+        return []
+    missing = sum(records[stem][0] is None for _, stem, _ in chapters)
+    summary.append(["**all chapters**", *total, "no record" if missing == len(chapters) else
+                    f"{robust_total[0]} of {robust_total[1]}" + (f" ({missing} chapter(s) without a record)"
+                                                                 if missing else "")])
+    return (["", "## Scorecard", "",
+             "Every chapter's claims. An evidence check holds only when its value passes and its null (the "
+             "simpler explanation it rules out, measured in the same run against the same threshold) fails; it "
+             "is **strong** when that null is a competitor (a model trained the same way without the mechanism, "
+             "or a named predictor, on the same prompts) or a chance level computed in the run, **weak** when it "
+             "is the same models before training (or its kind is unstated). A finding is a claim the chapter "
+             "measures and does not see reproduce, never enforced, dated by its declaration. The pass rate over "
+             "seeds comes from the chapter run at each seed at its defaults; an evidence check that holds at "
+             "fewer than 4 of 5 seeds is marked **not robust**.", "",
+             _md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
+            + [_md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
+            + ["", "### Every claim in scope", "", _md_row(CLAIM_HEADERS), "|" + " --- |" * len(CLAIM_HEADERS)]
+            + [_md_row(row) for row in claim_rows])
+
+

@@ -1,0 +1,197 @@
+"""Chapter 2: multi-head softmax attention as a sum of kernel regressors (He et al. 2025).
+
+What only this chapter uses: the summary of a trained weight dict and its head groups
+(:func:`summarize`, :func:`group_params`, :func:`pattern_ok`, :func:`pair_state`), the
+predictors it sets beside the kernel sum (:func:`gd_at`, :func:`linearized_kernel_predict`,
+:func:`kernel_and_baselines`, :func:`length_normalized`, :func:`gd_retuned`,
+:func:`kernel_sum_at`, :func:`ridge_at`), the single-head reference of Chen et al.
+(:func:`nw_reference_params`), and the small reductions its claims read (:func:`over`,
+:func:`pattern_counts`, :func:`sign_match_fraction`, :func:`relative_spread`, ...). The circuits,
+their metrics and the shared predictors are in ``iclnb.analysis``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from iclnb.analysis.circuits import kq, ov, summarize_circuits
+from iclnb.analysis.predictors import (
+    ByLength,
+    _vec,
+    debiased_gd_at,
+    debiased_gd_predict,
+    gd_optimal_step,
+    gd_predict,
+    kernel_sum_predict,
+    ridge_predict,
+)
+from iclnb.engine.activations import _np
+from iclnb.engine.util import check_int, check_real, check_regression
+
+__all__ = [
+    "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
+    "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
+    "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
+    "relative_spread", "summary_text",
+]
+
+
+# ---- a trained model's circuits, summarised -----------------------------------------------------
+def summarize(w: Mapping, dummy_frac: float = 0.05) -> dict:
+    """Everything a chapter tabulates about one trained model; see :func:`summarize_circuits`."""
+    return summarize_circuits(kq(w), ov(w), dummy_frac=dummy_frac)
+
+
+def group_params(omega, mu, classes: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """The positive and negative groups as one head each: ``{group: (scale, weight)}`` with
+    weight ``m = sum_{h in group} |mu_h|`` and scale the mu-weighted mean
+    ``w = sum |omega_h mu_h| / m``, so that ``2 w m`` is the group's share
+    ``2 sum |omega_h mu_h|`` of the effective step. With one homogeneous scale per group this is
+    the (omega, mu) of the paper's solution manifold (4.7). A group with no head is absent.
+    """
+    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    if len(classes) != omega.size or mu.shape != omega.shape:
+        raise ValueError(f"{len(classes)} classes, {omega.size} omegas and {mu.size} mus")
+    out = {}
+    for g in ("positive", "negative"):
+        idx = [h for h, c in enumerate(classes) if c == g]
+        if idx:
+            m = float(np.abs(mu[idx]).sum())
+            out[g] = (float(np.abs(omega[idx] * mu[idx]).sum()) / m if m > 0 else 0.0, m)
+    return out
+
+
+def pattern_ok(summary: Mapping, diag_min: float = 0.98, ov_min: float = 0.99) -> bool:
+    """Both per-head thresholds of Observation 1 on a :func:`summarize` result: every live head
+    has diag ratio >= ``diag_min`` and OV last-entry ratio >= ``ov_min`` (the thresholds are the
+    chapter's; the paper states the pattern in words)."""
+    return bool(summary["min_diag_ratio"] >= diag_min and summary["min_ov_last_ratio"] >= ov_min)
+
+
+def pair_state(kq_, ov_, dummy_frac: float = 0.05) -> str:
+    """"pair" when the model has a positive and a negative head, "same-sign" when every head is
+    live and all have one sign (e.g. two heads splitting one wide kernel), else "other"."""
+    s = summarize_circuits(kq_, ov_, dummy_frac=dummy_frac)
+    if s["n_positive"] and s["n_negative"]:
+        return "pair"
+    return "same-sign" if s["n_dummy"] == 0 else "other"
+
+
+# ---- predictors set beside the kernel sum --------------------------------------------------------
+def gd_at(eta: float) -> Callable:
+    """Vanilla GD with the step ``eta`` fixed at every context length: ``predict(X, y, xq)``
+    (a trained model cannot re-tune its step to the test length; this is GD that cannot either)."""
+    check_real("eta", eta, minimum=-math.inf)
+    return lambda X, y, xq: gd_predict(X, y, xq, float(eta))
+
+
+def linearized_kernel_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
+    """First-order expansion in omega of :func:`kernel_sum_predict` (paper eq. 4.10, any H):
+    (sum_h mu_h) y_bar + ((sum_h omega_h mu_h) / n) sum_i y_i (x_i - x_bar)^T x_q.
+
+    For a balanced +- pair (sum_h mu_h = 0) this is debiased GD with step sum_h omega_h mu_h
+    = 2 omega mu; for one head it keeps the mean term mu y_bar.
+    """
+    om, m = _vec(omega, X), _vec(mu, X)
+    if om.shape != m.shape:
+        raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
+    return m.sum() * y.mean(-1) + debiased_gd_predict(X, y, xq, 1.0) * (om * m).sum()
+
+
+def kernel_and_baselines(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu, step: float) -> dict:
+    """Predictions (B,) of the sum of kernels at (omega, mu) and of what could pass for it: its
+    first-order expansion, and debiased and vanilla GD at the fixed ``step`` (the model's own).
+    Keys: "kernel sum", "its expansion", "debiased GD, own step", "vanilla GD, own step"."""
+    return {"kernel sum": kernel_sum_predict(X, y, xq, omega, mu),
+            "its expansion": linearized_kernel_predict(X, y, xq, omega, mu),
+            "debiased GD, own step": debiased_gd_at(step)(X, y, xq),
+            "vanilla GD, own step": gd_at(step)(X, y, xq)}
+
+
+def nw_reference_params(n: int, d: int, sigma2: float) -> tuple[float, float]:
+    """(omega, mu) of the single-head optimum of Chen et al. (2024):
+    omega = 1/sqrt(d), mu = sqrt(d) / (1 + (1 + sigma2)(d/n) e)."""
+    check_regression(n, d, sigma2)
+    return 1.0 / math.sqrt(d), math.sqrt(d) / (1.0 + (1.0 + sigma2) * (d / n) * math.e)
+
+
+def length_normalized(predict: Callable, n_train: int) -> ByLength:
+    """A predictor normalised by 1/n_train (e.g. ``iclnb.engine.models`` linear attention) renormalised
+    to 1/m at test length m: ``predict(X, y, xq) * n_train / m``, for :func:`risk_curve`."""
+    check_int("n_train", n_train, 1)
+    return ByLength(lambda m: (lambda X, y, xq: predict(X, y, xq) * (n_train / m)))
+
+
+def gd_retuned(d: int, sigma2: float) -> ByLength:
+    """Vanilla GD re-tuned at every context length m to its exact optimal step
+    :func:`gd_optimal_step` (m, d, sigma2), for :func:`risk_curve`: the learner that adapts its
+    step to the prompt's length, which a trained model with a fixed step is not."""
+    check_regression(2, d, sigma2)
+    return ByLength(lambda m: gd_at(gd_optimal_step(m, d, sigma2)))
+
+
+def kernel_sum_at(omega, mu) -> Callable:
+    """The sum of kernels at fixed (omega, mu) as a predictor ``predict(X, y, xq)``
+    (``iclnb.analysis.predictors.kernel_sum_predict``)."""
+
+    def predict(X, y, xq):
+        return kernel_sum_predict(X, y, xq, omega, mu)
+
+    return predict
+
+
+def ridge_at(lam: float) -> Callable:
+    """Ridge with the fixed penalty ``lam`` as a predictor ``predict(X, y, xq)``
+    (``iclnb.analysis.predictors.ridge_predict``)."""
+
+    def predict(X, y, xq):
+        return ridge_predict(X, y, xq, lam)
+
+    return predict
+
+
+# ---- the reductions the claims read --------------------------------------------------------------
+def member_order(member_H: Sequence[int], member_init: Sequence[int]) -> list[int]:
+    """The ensemble's member indices sorted by (head count, initialisation)."""
+    return sorted(range(len(member_H)), key=lambda k: (member_H[k], member_init[k]))
+
+
+def over(summaries: Sequence[Mapping], ks, key: str, pick=min) -> float:
+    """``pick`` (min or max) of the summary value ``key`` over the members ``ks`` (NaN for none)."""
+    return pick((summaries[k][key] for k in ks), default=float("nan"))
+
+
+def pattern_counts(summaries: Sequence[Mapping], ks, diag_min: float, ov_min: float,
+                   last_row_max: float) -> dict[str, int]:
+    """How many of the members ``ks`` pass each per-head threshold of Observation 1: keys
+    ``min_diag_ratio`` (>= diag_min), ``min_ov_last_ratio`` (>= ov_min) and
+    ``max_last_row_ratio`` (<= last_row_max)."""
+    return {"min_diag_ratio": sum(summaries[k]["min_diag_ratio"] >= diag_min for k in ks),
+            "min_ov_last_ratio": sum(summaries[k]["min_ov_last_ratio"] >= ov_min for k in ks),
+            "max_last_row_ratio": sum(summaries[k]["max_last_row_ratio"] <= last_row_max for k in ks)}
+
+
+def sign_match_fraction(metrics: Sequence[Mapping], ks, n_live: int) -> float:
+    """The fraction of the ``n_live`` live heads of the members ``ks`` whose signs of omega and mu
+    match (``metrics``: ``iclnb.analysis.circuits.metrics_of_heads`` per member)."""
+    return sum(metrics[k]["n_sign_match"] for k in ks) / max(n_live, 1)
+
+
+def value_range(values, spec: str) -> str:
+    """"min to max" of ``values``, each formatted with ``spec`` ("n/a" when empty)."""
+    return f"{min(values):{spec}} to {max(values):{spec}}" if values else "n/a"
+
+
+def relative_spread(risks: Mapping, hs) -> float:
+    """(max - min) / min of ``risks[H]`` over the head counts ``hs``."""
+    return (max(risks[H] for H in hs) - min(risks[H] for H in hs)) / min(risks[H] for H in hs)
+
+
+def summary_text(summaries: Mapping, H: int, key: str, spec: str) -> str:
+    """The summary value ``key`` of head count H formatted with ``spec``; "n/a" when H was not
+    trained."""
+    return format(summaries[H][key], spec) if H in summaries else "n/a"

@@ -1,0 +1,154 @@
+"""Chapter 2's own functions (iclnb.chapters.ch02_kernels): the summary of a weight dict, the
+head groups, and the predictors set beside the kernel sum."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_circuits import build_model, pattern_model
+from test_predictors import S2, TASK, D, N, close, sample
+
+from iclnb.analysis import circuits as C
+from iclnb.analysis import predictors as P
+from iclnb.chapters import ch02_kernels as ch2
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return sample(100_000, N, D, S2, seed=0)
+
+
+def test_summarize_excludes_dummy_heads_and_balances_mu():
+    d = 5
+    omega, mu = [0.13, -0.13, 1e-4], [3.45, -3.45, 2e-3]
+    w, K, V = pattern_model(omega, mu, d)
+    V[2, 0] = 1.0  # the dummy head breaks the OV pattern; it must not count
+    w = build_model(K, V)
+    s = ch2.summarize(w)
+    assert s["classes"] == ["positive", "negative", "dummy"]
+    assert s["n_positive"] == s["n_negative"] == s["n_dummy"] == 1
+    assert s["min_ov_last_ratio"] == pytest.approx(1.0)
+    assert s["min_diag_ratio"] == pytest.approx(1.0)
+    assert s["all_sign_match"]
+    assert s["sum_mu"] == pytest.approx(2e-3)
+    assert s["mu_balance"] == pytest.approx(2e-3 / (6.9 + 2e-3))
+    assert s["effective_step"] == pytest.approx(2 * 0.13 * 3.45)
+    # the same from the circuits directly (as logged during training)
+    s2 = C.summarize_circuits(C.kq(w), C.ov(w))
+    assert s2["classes"] == s["classes"] and s2["effective_step"] == pytest.approx(s["effective_step"])
+
+
+def test_group_params_spread_and_last_row_of_a_four_head_pattern():
+    d = 5
+    omega, mu = [0.12, -0.1, -0.14, 1e-4], [3.0, -1.0, -2.0, 1e-3]
+    w, K, V = pattern_model(omega, mu, d)
+    K[0, d, :d] = 0.03  # head 1's label key scores a little: last-row ratio 0.03 sqrt(d) / ||KQ[:, :d]||
+    s = ch2.summarize(build_model(K, V))
+    assert s["classes"] == ["positive", "negative", "negative", "dummy"]
+    assert s["omega_spread"] == pytest.approx(0.14 / 0.1)
+    expect = 0.03 * np.sqrt(d) / np.sqrt(d * 0.12**2 + d * 0.03**2)
+    assert s["max_last_row_ratio"] == pytest.approx(expect)
+    g = ch2.group_params(s["omega"], s["mu"], s["classes"])
+    assert g["positive"] == pytest.approx((0.12, 3.0))
+    assert g["negative"] == pytest.approx(((0.1 * 1 + 0.14 * 2) / 3, 3.0))
+    # 2 w m of the groups add up to the effective step and its negative-group twin
+    assert 2 * g["positive"][0] * g["positive"][1] == pytest.approx(s["effective_step"])
+    assert ch2.group_params([0.1], [1.0], ["dummy"]) == {}
+    with pytest.raises(ValueError):
+        ch2.group_params([0.1, 0.2], [1.0], ["positive", "negative"])
+
+
+def test_pattern_ok_pair_state_and_gd_step():
+    d = 5
+    for omega, mu, state in (([0.13, -0.13], [3.4, -3.4], "pair"), ([0.5, 0.55], [1.0, 0.5], "same-sign"),
+                             ([0.5, 1e-4], [1.0, 1e-3], "other")):
+        w, K, V = pattern_model(omega, mu, d)
+        assert ch2.pair_state(C.kq(w), C.ov(w)) == state
+        s = ch2.summarize(w)
+        assert ch2.pattern_ok(s)
+        step = 2 * 0.13 * 3.4 if state == "pair" else float(np.dot(omega, mu))
+        assert s["gd_step"] == pytest.approx(step)
+    V[0, 0] = 1.0  # the live head reads a covariate too: OV ratio 1/sqrt(2)
+    assert not ch2.pattern_ok(ch2.summarize(build_model(K, V)))
+
+
+def test_nadaraya_watson_reference_risk(prompts):
+    omega, mu = ch2.nw_reference_params(N, D, S2)
+    assert omega == pytest.approx(1 / math.sqrt(D))
+    r, se = P.mc_risk(lambda X, y, xq: P.kernel_sum_predict(X, y, xq, [omega], [mu]), TASK, prompts=prompts,
+                      return_se=True)
+    close(r, se, 0.406, rounding=5e-4)
+
+
+def test_linearized_kernel_sum_is_the_first_order_expansion(prompts):
+    X, y, xq = prompts.X[:2000], prompts.y[:2000], prompts.xq[:2000]
+    # a balanced +- pair linearises to debiased GD with step 2 omega mu
+    lin = ch2.linearized_kernel_predict(X, y, xq, [0.1, -0.1], [4.0, -4.0])
+    assert torch.allclose(lin, P.debiased_gd_predict(X, y, xq, 0.8), atol=1e-12)
+    # omega = 0: the kernel sum is exactly (sum mu) y_bar, and so is the expansion
+    kern0 = P.kernel_sum_predict(X, y, xq, [0.0], [1.5])
+    assert torch.allclose(ch2.linearized_kernel_predict(X, y, xq, [0.0], [1.5]), kern0, atol=1e-12)
+    assert torch.allclose(kern0, 1.5 * y.mean(-1), atol=1e-12)
+    # the error of the expansion is third order for a pair (odd terms), second order for one head
+    for om, order in ((0.02, 3), (0.01, 3)):
+        kern = P.kernel_sum_predict(X, y, xq, [om, -om], [1.0, -1.0])
+        err = (kern - ch2.linearized_kernel_predict(X, y, xq, [om, -om], [1.0, -1.0])).abs().mean()
+        kern2 = P.kernel_sum_predict(X, y, xq, [2 * om, -2 * om], [1.0, -1.0])
+        err2 = (kern2 - ch2.linearized_kernel_predict(X, y, xq, [2 * om, -2 * om], [1.0, -1.0])).abs().mean()
+        assert float(err2 / err) == pytest.approx(2**order, rel=0.05)
+    single = [(P.kernel_sum_predict(X, y, xq, [w], [1.0]) - ch2.linearized_kernel_predict(X, y, xq, [w], [1.0]))
+              .abs().mean() for w in (0.01, 0.02)]
+    assert float(single[1] / single[0]) == pytest.approx(4.0, rel=0.05)
+
+
+def test_length_normalized_linear_attention_is_gd_at_every_length():
+    """Linear attention with KQ = I and OV = eta e_last is GD at step eta n/n_train at length n;
+    renormalised by 1/m it is GD at step eta at every length m."""
+    from iclnb.engine.models import MODELS
+
+    n_train, eta = 40, 0.7
+    model = MODELS["linear"](d=D, n_train=n_train, device="cpu", dtype=torch.float64)
+    Dt = D + 1
+    with torch.no_grad():
+        WQ, WK, WV, WO = model.weights
+        WQ.copy_(math.sqrt(Dt) * torch.eye(Dt)[None])
+        WK.copy_(torch.eye(Dt)[None])
+        WV.copy_(torch.eye(Dt)[None])
+        WO.zero_()
+        WO[:, 0, -1] = eta
+    for m in (5, 40, 200):
+        p = sample(500, m, D, S2, seed=m)
+        raw = model(p.X, p.y, p.xq)[0]
+        assert torch.allclose(raw, P.gd_predict(p.X, p.y, p.xq, eta * m / n_train), atol=1e-10)
+        fixed = ch2.length_normalized(model, n_train)(m)(p.X, p.y, p.xq)[0]
+        assert torch.allclose(fixed, P.gd_predict(p.X, p.y, p.xq, eta), atol=1e-10)
+
+
+def test_kernel_and_baselines_are_the_named_predictors(prompts):
+    X, y, xq = prompts.X[:500], prompts.y[:500], prompts.xq[:500]
+    out = ch2.kernel_and_baselines(X, y, xq, [0.1, -0.1], [4.0, -4.0], 0.8)
+    assert torch.equal(out["kernel sum"], P.kernel_sum_predict(X, y, xq, [0.1, -0.1], [4.0, -4.0]))
+    assert torch.allclose(out["its expansion"], out["debiased GD, own step"], atol=1e-12)
+    assert torch.equal(out["vanilla GD, own step"], P.gd_predict(X, y, xq, 0.8))
+
+
+def test_the_claims_reductions():
+    s = [{"a": 1.0, "n_sign_match": 2}, {"a": 3.0, "n_sign_match": 1}, {"a": 2.0, "n_sign_match": 0}]
+    assert ch2.over(s, [0, 1], "a") == 1.0 and ch2.over(s, [0, 1, 2], "a", max) == 3.0
+    assert math.isnan(ch2.over(s, [], "a"))
+    assert ch2.sign_match_fraction(s, [0, 1], 4) == 0.75
+    assert ch2.value_range([0.5, 0.25], ".2f") == "0.25 to 0.50" and ch2.value_range([], ".2f") == "n/a"
+    assert ch2.relative_spread({1: 2.0, 2: 3.0}, [1, 2]) == 0.5
+    assert ch2.member_order([2, 1, 2], [1, 0, 0]) == [1, 2, 0]
+    rows = [{"min_diag_ratio": 0.99, "min_ov_last_ratio": 0.98, "max_last_row_ratio": 0.1},
+            {"min_diag_ratio": 0.97, "min_ov_last_ratio": 0.995, "max_last_row_ratio": 0.3}]
+    assert ch2.pattern_counts(rows, [0, 1], 0.98, 0.99, 0.2) == {
+        "min_diag_ratio": 1, "min_ov_last_ratio": 1, "max_last_row_ratio": 1}
+    assert ch2.summary_text({2: {"x": 0.5}}, 2, "x", ".2f") == "0.50"
+    assert ch2.summary_text({2: {"x": 0.5}}, 4, "x", ".2f") == "n/a"
+    p = sample(50, N, D, S2, seed=5)
+    X, y, xq = p.X, p.y, p.xq
+    assert torch.equal(ch2.kernel_sum_at([0.1, -0.1], [1.0, -1.0])(X, y, xq),
+                       P.kernel_sum_predict(X, y, xq, [0.1, -0.1], [1.0, -1.0]))
+    assert torch.equal(ch2.ridge_at(0.5)(X, y, xq), P.ridge_predict(X, y, xq, 0.5))

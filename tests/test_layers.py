@@ -1,0 +1,131 @@
+"""The library's four layers import only downward, modules stay short, and chapters define no
+functions in their code cells.
+
+Layers, lowest first: ``iclnb.engine`` < ``iclnb.analysis`` < ``iclnb.chapters``; a chapter
+module imports no other chapter (a chapter is the ``chNN`` prefix of a module's name:
+``ch01_icl`` may import ``ch01_regression``). ``iclnb.bookkit`` (the book machinery) imports none
+of the three; ``iclnb/__init__.py`` and ``iclnb/__main__.py`` import ``bookkit`` only. Every
+import is walked: at the top of a module and inside functions, ``import x`` and ``from x import
+y``, absolute and relative, and ``importlib.import_module("...")`` with a literal name.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "iclnb"
+ORDER = {"engine": 0, "analysis": 1, "chapters": 2}  # may import itself and what is below it
+MAX_LINES = 550
+CHAPTER = re.compile(r"^(ch\d\d)_")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute name of a ``from ... import`` target (relative ones resolved against ``module``)."""
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, imported module name) of every import of the package in ``module`` (its file, or
+    ``source``), wherever it stands. For ``from X import y`` the name is ``X.y`` when that is a
+    module of the package, else ``X``."""
+    path = MODULES.get(module) or PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path, node)
+            found += [(node.lineno, f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target)
+                      for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return [(line, name) for line, name in found if name == "iclnb" or name.startswith("iclnb.")]
+
+
+def layer(name: str) -> str:
+    """"engine", "analysis", "chapters", "bookkit", or "top" (``iclnb`` itself, ``iclnb.__main__``)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in (*ORDER, "bookkit") else "top"
+
+
+def violation(module: str, target: str) -> str:
+    """Why ``module`` may not import ``target``, or ""."""
+    src, dst = layer(module), layer(target)
+    if target == "iclnb" and module != "iclnb":
+        return ""  # the package itself (its __version__): it imports bookkit only
+    if src == "top":
+        return "" if dst == "bookkit" else f"{module} may import iclnb.bookkit only"
+    if src == "bookkit":
+        return "" if dst == "bookkit" else "the book machinery imports none of engine, analysis, chapters"
+    if dst not in ORDER:
+        return f"the {src} layer imports {dst}"
+    if ORDER[dst] > ORDER[src]:
+        return f"the {src} layer imports the {dst} layer above it"
+    if src == dst == "chapters":
+        mine, theirs = (CHAPTER.match(n.rpartition(".")[2]) for n in (module, target))
+        if theirs and (mine is None or mine.group(1) != theirs.group(1)):
+            return "a chapter module imports another chapter's module"
+    return ""
+
+
+def test_the_walker_sees_every_form_of_import():
+    src = ("import iclnb.engine.util\nfrom .. import analysis\nfrom ..engine import models\n"
+           "from . import ch01_regression\ndef f():\n    from iclnb.chapters.ch03_stages import x\n"
+           "    import importlib\n    importlib.import_module('iclnb.bookkit.claims')\n")
+    names = [n for _, n in imports("iclnb.chapters.ch01_fake", src)]
+    assert names == ["iclnb.engine.util", "iclnb.analysis", "iclnb.engine.models", "iclnb.chapters.ch01_regression",
+                     "iclnb.chapters.ch03_stages", "iclnb.bookkit.claims"]
+    bad = {n: violation("iclnb.chapters.ch01_fake", n) for n in names}
+    assert [n for n, why in bad.items() if why] == ["iclnb.chapters.ch03_stages", "iclnb.bookkit.claims"]
+    assert violation("iclnb.engine.train", "iclnb.analysis.circuits")
+    assert violation("iclnb.bookkit.runner", "iclnb.engine.util")
+    assert violation("iclnb.__main__", "iclnb.engine.util") and not violation("iclnb.__main__", "iclnb.bookkit.cli")
+    assert not violation("iclnb.analysis.circuits", "iclnb.engine.readout")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_only_downward(module):
+    bad = [f"{module} line {line}: imports {name}: {why}" for line, name in imports(module)
+           if (why := violation(module, name))]
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_are_short():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_notebooks_define_no_functions():
+    """The library does, the notebook tells: no ``def`` and no ``lambda`` in a chapter's code cells."""
+    bad = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md")):  # the chapter sources
+        cells = [c for c in jupytext.read(path).cells if c.cell_type == "code"]
+        for i, cell in enumerate(cells):
+            source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            try:
+                nodes = [(n.lineno, type(n).__name__) for n in ast.walk(ast.parse(source))
+                         if isinstance(n, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef))]
+            except SyntaxError:
+                nodes = [(j, "def or lambda") for j, line in enumerate(source.splitlines(), 1)
+                         if re.search(r"\blambda\b|^\s*(async\s+)?def\s", line)]
+            bad += [f"{path.name} code cell {i + 1} line {line}: {what}" for line, what in nodes]
+    assert not bad, "\n".join(bad)

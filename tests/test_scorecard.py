@@ -1,0 +1,104 @@
+"""The book's scorecard: counts per chapter and in total, null kinds, bases, pass rates over seeds."""
+
+import sys
+import types
+
+import pytest
+
+from iclnb.bookkit.claims import Claims
+from iclnb.bookkit.scorecard import robust, scorecard_markdown, seed_passes
+
+
+def _chapter(name="01_a"):
+    c = Claims(name, enforce=True, findings={
+        "f-before": {"declared": "before", "why": "below the paper's scale"},
+        "f-after": {"declared": "after", "why": "failed at the defaults", "commit": "8517d88"},
+        "f-old": "a reason, not dated"})
+    c.check("strong-1", "beats a competitor", 0.1, "<", 0.5, null="ridge", null_value=0.9, null_kind="competitor",
+            basis="theory", basis_ref="Theorem 2", ref="Thm 2", paper=0.12)
+    c.check("weak-1", "better than at init", 0.99, ">=", 0.98, null="init", null_value=0.3, null_kind="init",
+            basis="mc", se=0.001, se_multiple=3)
+    c.ordering("ours-1", "our recipe beats the old", 7, 0, ">", a="new recipe", b="old recipe",
+               null_kind="competitor", basis="chosen", own=True)
+    c.check("f-before", "a finding", 3, "<", 1, null="x", null_value=5, null_kind="chance", basis="paper", paper=1)
+    c.check("f-after", "a finding", 3, "<", 1, null="x", null_value=5, null_kind="init", basis="chosen")
+    c.check("f-old", "a finding", 0.5, "<", 1, null="x", null_value=5, basis="theory")
+    c.sanity("s", "identity", 0, "<", 1)
+    c.report("r", "a number", 2.5)
+    c.not_attempted("na", "a rate", "too slow here", ref="Thm 9")
+    return c.to_dict()
+
+
+def _record(stem, **claims):
+    return {"chapter": stem, "seeds": [0, 1, 2, 3, 4], "commit": "abc1234", "source_sha256": "0" * 64,
+            "device": "cpu", "date": "2025-01-01",
+            "claims": {cid: {"kind": "check", "group": "evidence", "values": [0.0] * 5, "passed": p,
+                             "null_passed": q} for cid, (p, q) in claims.items()}, "errors": {}}
+
+
+@pytest.fixture
+def robustness(monkeypatch):
+    """A stand-in for iclnb.bookkit.robustness: ``records[stem]`` and ``stale`` set by the test."""
+    mod = types.ModuleType("iclnb.bookkit.robustness")
+    mod.records, mod.stale = {}, set()
+    mod.robustness_record = lambda stem: mod.records.get(stem)
+    mod.is_stale = lambda rec: rec["chapter"] in mod.stale
+    monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", mod)
+    return mod
+
+
+def _table(lines, heading):
+    start = next(i for i, line in enumerate(lines) if line.startswith("| chapter") and heading in line)
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_scorecard_counts_strength_and_pass_rates(robustness):
+    T, F = True, False
+    robustness.records["01_a"] = _record("01_a", **{"strong-1": ([T, T, T, F, T], [F] * 5),
+                                                    "weak-1": ([T, T, T, T, T], [F, F, T, T, F]),  # null passes
+                                                    "ours-1": ([T] * 5, [None] * 5),
+                                                    "f-after": ([F] * 5, [F] * 5)})
+    robustness.stale.add("01_a")
+    lines = scorecard_markdown([("Chapter 1", "01_a", _chapter()), ("Chapter 2", "02_b", _chapter("02_b"))])
+    assert "## Scorecard" in lines
+    summary = _table(lines, "evidence: strong")
+    # strong, weak, sanity, findings before / after / not dated, reported, not attempted, robust over seeds
+    assert summary[0] == ["Chapter 1", "2", "1", "1", "1", "1", "1", "1", "1", "2 of 3 (stale)"]
+    assert summary[1] == ["Chapter 2", "2", "1", "1", "1", "1", "1", "1", "1", "no record"]
+    assert summary[2] == ["**all chapters**", "4", "2", "2", "2", "2", "2", "2", "2",
+                          "2 of 3 (1 chapter(s) without a record)"]
+    text = "\n".join(lines)
+    assert "seeds 0, 1, 2, 3, 4, commit `abc1234`" in text and "**stale**" in text
+    assert "iclnb robustness 02_b --seeds 0 1 2 3 4" in text
+    rows = {(r[0], r[1]): r for r in _table(lines, "null kind")}
+    s1, w1, o1 = rows["Chapter 1", "strong-1"], rows["Chapter 1", "weak-1"], rows["Chapter 1", "ours-1"]
+    assert s1[3:8] == ["the paper's", "competitor · strong", "theory: Theorem 2", "pass", "4 of 5 (stale)"]
+    assert w1[4:8] == ["init · weak", "Monte Carlo: 3 × s.e. 0.001", "pass", "3 of 5 **not robust** (stale)"]
+    assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[10] == "new recipe: 7"
+    assert rows["Chapter 1", "f-after"][6] == "not reproduced; finding, declared after a failing run (commit 8517d88)"
+    assert rows["Chapter 1", "f-after"][7] == "0 of 5 (stale)"  # a finding: no "not robust" mark
+    assert rows["Chapter 1", "f-old"][4] == "unstated · weak" and rows["Chapter 1", "f-old"][5] == "theory, unsupported"
+    assert rows["Chapter 1", "f-before"][7] == "not in the record"
+    assert rows["Chapter 1", "na"][6] == "not attempted" and rows["Chapter 1", "na"][7] == ""
+    assert rows["Chapter 2", "strong-1"][7] == "no record"
+    assert ("Chapter 1", "s") not in rows and ("Chapter 1", "r") not in rows  # sanity and reports: counted only
+
+
+def test_scorecard_without_the_robustness_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", None)  # import fails
+    lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
+    assert _table(lines, "evidence: strong")[0][-1] == "no record"
+    assert all(r[7] in ("no record", "") for r in _table(lines, "null kind"))
+    assert scorecard_markdown([]) == []
+
+
+def test_seed_passes_and_robust():
+    rec = _record("x", a=([True, True, None, True], [False, None, False, False]))
+    assert seed_passes(rec, "a") == (3, 5)  # a missing seed counts as not holding
+    assert seed_passes(rec, "b") is None and seed_passes(None, "a") is None
+    assert robust(4, 5) and not robust(3, 5) and robust(8, 10) and not robust(7, 10) and not robust(0, 0)
