@@ -11,7 +11,7 @@ from iclnb.bookkit import runner
 
 ROOT = runner.ROOT
 LINTED = ("iclnb", "tests", "benchmarks")
-CELL_LINE_MAX = 100  # characters in a line of a chapter's code cell
+CELL_LINE_MAX = 80  # characters in a line of a chapter's code cell (the page's code column)
 
 
 def test_ruff_check():

@@ -290,7 +290,7 @@ def _restore_training_state(state, model, opt, generators) -> None:
         g.set_state(s)
 
 
-def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
+def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, frozen: bool = False):
     """Train ``model`` in place; returns (logs, training): the logged tensors (steps, loss and the
     snapshot's) and how it trained (:class:`Run`'s ``training``, ``training_note``,
     ``replayed_steps`` and ``capture_seconds``).
@@ -328,7 +328,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None):
     # failed capture rewinds the generators: a stream drawn ahead could not be rewound)
     feed = Prefetch(batch) if dev.type == "cpu" and not use_graphs and prefetch_enabled() else None
     batch = feed or batch
-    opt = make_optimizer(cfg, model)
+    # frozen (ICLNB_UNTRAINED): every step runs and logs, but a rate of 0 leaves the parameters as they are
+    opt = torch.optim.SGD([model.flat], lr=0.0) if frozen else make_optimizer(cfg, model)
     blocks = _Blocks(model, opt, batch, every)
 
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
@@ -431,17 +432,6 @@ def _untrained() -> bool:
     return os.environ.get(UNTRAINED_ENV, "0") not in ("", "0")
 
 
-def _initial_logs(cfg: TrainConfig, model) -> dict:
-    """An untrained run's logs: step 0 only, the loss of the initial parameters on the stream's
-    first batch (what training logs at step 0) and the model's snapshot."""
-    batch, _ = prompt_stream(cfg, model.flat.device, model.flat.dtype)
-    with torch.no_grad():
-        p = batch()
-        loss = model.member_losses(model.predict(p.Z, p.xq), p.yq)
-        snap = model.snapshot()
-    return {"steps": torch.tensor([0]), "loss": loss.cpu()[None], **{k: v.cpu()[None] for k, v in snap.items()}}
-
-
 def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict, untrained: bool = False) -> None:
     """Append how a run trained to ``$ICLNB_RUNS`` when set (the Reproducibility page reads it)."""
     path = os.environ.get(RUNS_ENV)
@@ -468,8 +458,9 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
 
     With ``ICLNB_UNTRAINED=1`` in the environment (the book's "can it fail" test: every claim
     about trained models run on untrained ones) every model is returned at its initialisation:
-    no optimiser step, a history holding the step-0 log only (the initial loss and snapshot, so
-    code reading ``run.history`` still runs), the run cache neither read nor written,
+    the loop runs every step and logs as usual, but with a rate of 0 (plain SGD, lr = 0), so the
+    parameters never move and the history has its usual shape (every snapshot the initial one,
+    the loss of the initial models on each logged batch); the run cache is neither read nor written,
     ``Run.training == "untrained"`` and ``"untrained": true`` in the ``$ICLNB_RUNS`` record.
     """
     check("cfg", type(cfg).__name__, isinstance(cfg, TrainConfig), "a TrainConfig")
@@ -480,7 +471,9 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
     with _entry_lock(path) if cache else contextlib.nullcontext():
         hit = _load(path, cfg, model) if cache else None
         if untrained:
-            logs, train_seconds, training = _initial_logs(cfg, model), 0.0, dict(_UNTRAINED)
+            with cpu_threads(model.flat.device):
+                logs, _ = _fit(cfg, model, show_bar(progress), cuda_graphs=False, frozen=True)
+            train_seconds, training = time.perf_counter() - t0, dict(_UNTRAINED)
         elif hit is not None:
             logs, train_seconds, training = hit
         else:
