@@ -4,6 +4,7 @@ runs of chapters through papermill."""
 import os
 
 import pytest
+from fake_chapter import front_matter
 
 from iclnb.bookkit import runner
 
@@ -46,20 +47,7 @@ def smoke_run(tmp_path):
 
 # A synthetic chapter for the runner and sweep tests: parameters reach the notebook, a cell can
 # fail on demand, a claim with a null and a not-attempted claim are recorded.
-SYNTHETIC_CHAPTER = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
-iclnb:
-  description: a synthetic chapter for the runner tests
-  smoke: {n: 2}
-  paper: {n: 100}
----
+SYNTHETIC_CHAPTER = front_matter('a synthetic chapter for the runner tests', 'smoke: {n: 2}', 'paper: {n: 100}') + """
 
 # 98. Synthetic
 

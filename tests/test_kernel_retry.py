@@ -3,21 +3,11 @@ dies in a cell is not, and many short runs started at once all finish."""
 
 import pytest
 import zmq
+from fake_chapter import front_matter
 
 from iclnb.bookkit import runner, sweep
 
-TINY = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
-iclnb:
-  description: a notebook that only starts its kernel
----
+TINY = front_matter('a notebook that only starts its kernel') + """
 
 # 97. Tiny
 

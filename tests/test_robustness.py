@@ -5,22 +5,12 @@ import json
 import re
 
 import pytest
+from fake_chapter import front_matter
 
 from iclnb.bookkit import robustness, runner
 from iclnb.bookkit.cli import main
 
-SEEDED = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
-iclnb:
-  description: a chapter whose checks depend on its seed
----
+SEEDED = front_matter('a chapter whose checks depend on its seed') + """
 
 # 96. Seeded
 

@@ -1,0 +1,20 @@
+"""The front matter of the small synthetic chapters the runner, sweep, robustness and kernel
+tests execute (a chapter source is this, a title, a parameters cell and code cells)."""
+
+HEAD = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+iclnb:
+"""
+
+
+def front_matter(description: str, *extra: str) -> str:
+    """The front matter of a synthetic chapter: ``description`` and ``extra`` lines of its
+    ``iclnb:`` block (e.g. ``"smoke: {n: 2}"``)."""
+    return HEAD + "".join(f"  {line}\n" for line in (f"description: {description}", *extra)) + "---\n"
