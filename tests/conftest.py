@@ -68,8 +68,8 @@ if fail_at == "cell":
 import numpy as np
 from myst_nb import glue
 glue("n_half", np.float64(n / 2) if fail_at == "glue" else n / 2, display=False)
-claims.check("n-min", "n is at least 5", n, ">=", 5, null="n of 2", null_value=2, basis="theory",
-             paper=5)
+claims.check("n-min", "n is at least 5", n, ">=", 5, null="n of 2", null_value=2,
+             null_kind="competitor", basis="paper", paper=5)
 claims.not_attempted("n-rate", "a rate in n", "no sweep in this chapter", ref="Thm 9")
 ```
 

@@ -152,3 +152,51 @@ def test_the_claims_reductions():
     assert torch.equal(ch2.kernel_sum_at([0.1, -0.1], [1.0, -1.0])(X, y, xq),
                        P.kernel_sum_predict(X, y, xq, [0.1, -0.1], [1.0, -1.0]))
     assert torch.equal(ch2.ridge_at(0.5)(X, y, xq), P.ridge_predict(X, y, xq, 0.5))
+
+
+def test_binomial_upper_is_the_quantile_of_the_matched_fraction():
+    from math import comb
+
+    for n, q in ((1, 0.99), (4, 0.99), (10, 0.95), (47, 0.99)):
+        got = ch2.binomial_upper(n, q)
+        k = round(got * n)
+        cdf = sum(comb(n, i) for i in range(k + 1)) / 2**n
+        below = sum(comb(n, i) for i in range(k)) / 2**n
+        assert cdf >= q - 1e-12 and below < q
+    assert ch2.binomial_upper(4, 0.99) == 1.0  # four heads: all matching is not unusual enough
+    assert ch2.binomial_upper(47, 0.99) < 0.7
+
+
+def test_pooled_sign_match_counts_live_heads_only():
+    s1 = {"heads": [{"sign_match": True}, {"sign_match": False}], "classes": ["positive", "dummy"]}
+    s2 = {"heads": [{"sign_match": False}, {"sign_match": True}], "classes": ["negative", "negative"]}
+    assert ch2.pooled_sign_match([s1, s2]) == pytest.approx(2 / 3)
+    assert math.isnan(ch2.pooled_sign_match([{"heads": [{"sign_match": True}], "classes": ["dummy"]}]))
+
+
+def test_spread_se_is_paired():
+    rng = np.random.default_rng(0)
+    base = rng.exponential(size=20_000)
+    e = {2: base, 3: base * 1.01, 4: base + 0.0}
+    spread, se = ch2.spread_se(e)
+    assert spread == pytest.approx(0.01)
+    # paired: the common per-prompt noise cancels, so the s.e. is that of 0.01 * base / mean(base)
+    assert se == pytest.approx(0.01 * base.std(ddof=1) / np.sqrt(base.size) / base.mean(), rel=1e-9)
+
+
+def test_pair_fraction_and_member_summaries():
+    assert ch2.pair_fraction(["pair", "same-sign", "pair", "other"]) == 0.5
+    assert math.isnan(ch2.pair_fraction([]))
+
+    class Two:
+        def __init__(self, ws):
+            self.ws = ws
+
+        def member_weights(self, k):
+            return self.ws[k]
+
+    w2 = pattern_model([0.13, -0.13], [3.45, -3.45], 5)[0]
+    w3 = pattern_model([0.13, -0.1, -0.12], [3.0, -1.0, -2.0], 5)[0]
+    got = ch2.member_summaries(Two([w2, w3]), [2, 3])
+    assert set(got) == {2, 3} and got[2]["n_positive"] == 1 and got[3]["n_negative"] == 2
+    assert ch2.pooled_sign_match(got.values()) == 1.0

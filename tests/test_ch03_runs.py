@@ -48,3 +48,45 @@ def test_text_helpers_and_trajectory_picks():
     assert ch3.longest([a, b]) is b
     runs_w, runs_m = np.stack([a.omega, a.omega + 0.1]), np.stack([a.mu, a.mu])
     assert ch3.farthest_gap(runs_w, runs_m, a) == pytest.approx(np.sqrt(0.01 / 2))
+
+
+def test_peak_decay_rule():
+    steps = np.arange(6) * 10
+    falls = np.array([[0.1, -0.05], [0.5, -0.2], [1.0, -0.3], [0.9, -0.3], [0.8, -0.3], [0.7, -0.3]])
+    r = ch3.peak_decay(steps, falls)
+    assert r.step == 20 and r.peak == 1.0 and r.decay == pytest.approx(0.7) and r.rises_falls
+    assert not ch3.peak_decay(steps, falls, upto=30).rises_falls  # 0.9 of the peak at step 30: not below 90%
+    rises = np.cumsum(np.ones((6, 2)), 0)
+    assert not ch3.peak_decay(steps, rises).rises_falls  # peak at the last step
+    assert not ch3.peak_decay(steps, np.ones((6, 2))).rises_falls  # untrained: peak at the first step
+    with pytest.raises(ValueError, match="omega"):
+        ch3.peak_decay(steps, falls, upto=10)
+
+
+def test_noexp_phases_of_the_symmetric_start():
+    null = dyn.flow_without_exp([1e-3, -1e-3], [1e-3, -1e-3], 40.0, 0.1, num=4001)
+    ph = ch3.noexp_phases(null)
+    assert ph.ratio_dev_phase1 == 0.0  # mu = omega is kept exactly without the exp term
+    assert ph.t_growth_end is not None and 2.0 < ph.t_growth_end < 10.0
+    assert ph.decay > 0.999  # no peak: it settles where 2 omega mu = 1
+
+
+def _start(t_flow, t_gd, t_null, tol=1.0):
+    return {"t_flow": t_flow, "t_gd": np.array(t_gd, dtype=float), "t_null": t_null, "tol": tol}
+
+
+def test_stage1_summary_tests_the_starts_the_flow_settles_early():
+    starts = [_start(2.0, [2.5, 2.7], np.inf), _start(0.5, [0.5, 0.5], 0.6), _start(9.0, [np.inf, 9.5], np.inf),
+              _start(np.inf, [np.inf, np.inf], np.inf)]
+    s = ch3.stage1_summary(starts, t_end=10.0)
+    assert s.tested == [0, 1] and s.flow_fraction == 0.5
+    assert s.reached == 1.0 and s.reached_null == 0.5
+    assert s.err == pytest.approx(0.6) and s.err_null == pytest.approx(8.0)  # never: counted at t_end
+    none = ch3.stage1_summary(starts[2:], t_end=10.0)
+    assert none.tested == [] and np.isnan(none.reached) and none.flow_fraction == 0.0
+
+
+def test_check_parameters_four_head_replicas_and_linear_steps():
+    for bad in ({"gd4_replicas": 1}, {"linear_steps": 0}):
+        with pytest.raises(ValueError, match="gd4_replicas"):
+            ch3.check_parameters(**{**GOOD, **bad})

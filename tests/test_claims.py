@@ -8,6 +8,14 @@ import torch
 from iclnb.bookkit.claims import Claims, ClaimsFailed, transitional
 from iclnb.bookkit.scorecard import scorecard_markdown
 
+
+@pytest.fixture(autouse=True)
+def _transitional_forms_allowed(monkeypatch):
+    """These tests also exercise the transitional forms (flagged, not raised): strict is off unless
+    a test turns it on (the chapters run strict, the default)."""
+    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "0")
+
+
 NULL = dict(null="a simpler explanation", basis="theory")
 
 
@@ -301,7 +309,7 @@ def test_strict_refuses_every_transitional_form(monkeypatch):
     assert strong(s, "ok", 0.1, "<", 0.5, 0.9) and transitional(s.to_dict()) == []
     monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "1")
     assert Claims("x").strict and not Claims("x", strict=False).strict
-    monkeypatch.delenv("ICLNB_CLAIMS_STRICT")
+    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "0")
     c = Claims("x", findings={"f": "why"})
     assert not Claims("x").strict
     ev(c, "old", "old", 0.1, "<", 0.5, null_value=0.9)
@@ -422,3 +430,12 @@ def test_to_dict_keeps_its_keys():
     assert row["own"] is True and d["claims"][1]["own"] is True  # ref "ours" marks the book's own claim
     assert "the book's own" in c.table()._cells(row)[-1]
     json.dumps(d)  # JSON-safe
+
+
+def test_strict_is_the_default(monkeypatch):
+    """Every chapter is converted: without $ICLNB_CLAIMS_STRICT a transitional form is an error."""
+    monkeypatch.delenv("ICLNB_CLAIMS_STRICT")
+    c = Claims("x", findings={})
+    assert c.strict
+    with pytest.raises(ValueError, match="null_kind"):
+        c.check("a", "a", 1, "<", 2, null="b", null_value=3, basis="chosen")

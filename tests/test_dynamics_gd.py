@@ -37,3 +37,14 @@ def test_gd_time_and_stage1_timing_on_the_flow_itself():
     r = dyn.stage1_timing(t, np.stack([f.omega] * 2), np.stack([f.mu] * 2), 40, 5, 0.01, lr=0.01, log_every=5)
     assert np.isfinite(r["t_flow"]) and (r["t_gd"] == r["t_flow"]).all()
     assert r["tol"] == pytest.approx((1 / 40 + 0.02) * r["t_flow"] + 0.1)
+
+
+def test_stage1_timing_tolerance_is_finite_when_a_run_never_gets_there():
+    start = np.array([0.127, -0.026, 0.076, -0.202]), np.array([0.024, -0.028, -0.024, 0.011])
+    t = np.linspace(0, 6, 61)
+    f = dyn.gradient_flow(*start, t[-1], 40, 5, 0.01, t_eval=t)
+    still = np.broadcast_to(f.omega[:1], f.omega.shape), np.broadcast_to(f.mu[:1], f.mu.shape)
+    r = dyn.stage1_timing(t, np.stack([f.omega, still[0]]), np.stack([f.mu, still[1]]), 40, 5, 0.01, lr=0.01,
+                          log_every=5)
+    assert np.isinf(r["t_gd"][1]) and np.isfinite(r["tol"])
+    assert r["tol"] == pytest.approx((1 / 40 + 0.02) * r["t_flow"] + 0.1)

@@ -3,6 +3,7 @@ covariates, the low-rank direction and the links), the kernel units against the 
 reference (outputs and gradients, float64, shared and per-member prompts), the distance of a
 kernel matrix from a multiple of another and chapter 4's window analysis."""
 
+import itertools
 import math
 
 import numpy as np
@@ -328,3 +329,45 @@ def test_subspace_per_member_and_rank_zero_unchanged():
     r = torch.empty(7 * 12 * 6 + 2 * 7 * 5).normal_(generator=_gen(3))
     q = r[-7 * 5 :].view(7, 5)
     torch.testing.assert_close(tasks[3].sample(7, _gen(3)).info["w"], q / q.norm(dim=-1, keepdim=True))
+
+
+def test_rank_chance_exact_levels():
+    """The permutation test of an ordering: exact over the orderings of short groups."""
+    L = [0.125, 0.25, 0.5, 1, 2, 4]
+    r = lp.rank_chance([L], [np.arange(6.0)])
+    # a perfect order of 6: chance 1/720; the 95% level is below 1, so a check ">= 0.999" can hold
+    assert r.value == pytest.approx(1) and r.p_value == pytest.approx(1 / 720) and 0.5 < r.level < 0.999
+    # the level against a brute-force count: P(rho >= level) > 5% and the next value is rarer
+    rhos = np.array([rank_correlation(L, np.array(p, float)) for p in itertools.permutations(range(6))])
+    assert (rhos >= r.level - 1e-9).mean() > 0.05 and (rhos > r.level + 1e-9).mean() <= 0.05
+    # three points: chance orders them perfectly 1 time in 6, so the chance level reaches 1 (the null passes)
+    short = lp.rank_chance([L[:3]], [[1.0, 2, 3]])
+    assert short.level == pytest.approx(1) and short.p_value == pytest.approx(1 / 6)
+    # groups: min over groups (every group increasing), P = product over groups
+    three = lp.rank_chance([L] * 3, [np.arange(6.0)] * 3)
+    assert three.p_value == pytest.approx(720.0**-3) and three.level < r.level
+    # max over groups, the lower tail: three decreasing triples, chance (1/6)^3; level the next value
+    down = lp.rank_chance([[0.1, 0.2, 0.4]] * 3, [[3.0, 2, 1]] * 3, agg="max")
+    assert down.value == pytest.approx(-1) and down.p_value == pytest.approx(6.0**-3)
+    assert down.level == pytest.approx(-0.5)
+    # a constant (a window that does not depend on L): no order, chance p = 1
+    flat = lp.rank_chance([L], [np.ones(6)])
+    assert flat.value == 0 and flat.p_value == pytest.approx(1)
+    # long groups: Monte Carlo over orderings, seeded
+    a, b = (lp.rank_chance([list(range(10))], [np.arange(10.0)[::-1]], agg="max", seed=3) for _ in range(2))
+    assert a == b and a.value == pytest.approx(-1) and -0.8 < a.level < -0.3
+    with pytest.raises(ValueError, match="^agg="):
+        lp.rank_chance([L], [L], agg="mean")
+
+
+def test_relative_risk_and_window_exponent():
+    m, se = lp.relative_risk([2.0, 3.0], [0.2, 0.3], [1.0, 2.0])
+    assert m == pytest.approx((2 + 1.5) / 2) and se == pytest.approx(np.sqrt(0.2**2 + 0.15**2) / 2)
+    with pytest.raises(ValueError, match="^reference="):
+        lp.relative_risk([1.0], [0.1], [0.0])
+    s = np.array([1.0, 10, 100, 1000])
+    fit = lp.window_exponent(s, 2 * s**0.5)
+    assert fit["exponent"] == pytest.approx(0.5) and fit["se"] < 1e-9
+    # a window <= 0 (an untrained unit) is floored: finite, far below every real window
+    bad = lp.window_exponent(s, [-0.3, 1.0, 2.0, 3.0])
+    assert np.isfinite(bad["exponent"]) and bad["exponent"] > 1

@@ -2,7 +2,9 @@
 (rho, principal angles, the best c U U^T, the U-aligned basis) on exact and random matrices,
 the kernel predictors of a fixed M against the registered kernel units, paired errors on
 common prompts and the best member of a grid, the slope of the risk along a direction against
-finite differences, the even links' missing first-order signal and the small init."""
+finite differences, the even links' missing first-order signal and the small init; the
+antisymmetric part (the metrics read M itself), the col(B) block and the reflection, paired
+comparisons and the 1-D minimisation of a window's scale."""
 
 import math
 
@@ -27,8 +29,7 @@ def _B(d=7, k=2, seed=0):
 @pytest.mark.parametrize("k", [1, 3])
 def test_multiple_of_the_projector_is_recovered(c, k):
     B = _B(k=k)
-    A = np.random.default_rng(0).normal(size=(7, 7))
-    M = c * B @ B.T + (A - A.T)  # an antisymmetric part: the metrics read M_s
+    M = c * B @ B.T
     assert lr.subspace_ratio(M, B) == pytest.approx(0, abs=1e-12)
     np.testing.assert_allclose(lr.principal_angles(M, B), 0, atol=1e-6)
     cc, e = lr.projector_fit(M, B)
@@ -64,7 +65,7 @@ def test_random_matrix_gives_theory_on_average():
         Ms = lr.symmetric_part(M)
         out_sq += np.linalg.norm(P @ Ms @ P) ** 2
         in_sq += np.linalg.norm(B.T @ Ms @ B) ** 2
-        cos2 += float(np.sum(np.cos(lr.principal_angles(M, B)) ** 2))
+        cos2 += float(np.sum(np.cos(lr.principal_angles(Ms, B)) ** 2))
     assert out_sq / in_sq == pytest.approx((d - k) * (d - k + 1) / (k * (k + 1)), rel=0.05)
     assert cos2 / N == pytest.approx(k * k / d, abs=0.03)  # sd of the mean about 0.006
 
@@ -173,3 +174,78 @@ def test_matrix_metrics_of_a_kernel_matrix():
     np.testing.assert_allclose(ang, np.pi / 2, atol=1e-7)
     # the top-|eigenvalue| space: a large negative eigenvalue counts
     assert abs(lr.top_eigenspace(np.diag([1.0, -7, 2]), 1)[1, 0]) == pytest.approx(1, abs=1e-12)
+
+
+# ---- M itself, the col(B) block, the reflection ---------------------------------------------------
+def test_metrics_read_the_antisymmetric_part():
+    d, k = 7, 2
+    B = _B(d, k)
+    P = np.eye(d) - B @ B.T
+    A = np.random.default_rng(0).normal(size=(d, d))
+    S = P @ (A - A.T) @ P  # antisymmetric, outside col(B)
+    M = 3 * B @ B.T + S
+    assert lr.antisymmetric_fraction(M) == pytest.approx(np.linalg.norm(S / 1) / np.linalg.norm(M))
+    assert lr.antisymmetric_fraction(3 * B @ B.T) == pytest.approx(0, abs=1e-12)
+    r = lr.recovery(M, B)
+    assert r["rho_sym"] == pytest.approx(0, abs=1e-12)  # the symmetric part alone misses S
+    assert r["rho"] == pytest.approx(np.linalg.norm(S) / np.linalg.norm(3 * np.eye(k)))
+    c, e = lr.projector_fit(M, B)
+    assert c == pytest.approx(3) and e == pytest.approx(np.linalg.norm(S) / np.linalg.norm(M))
+    # singular subspaces: a non-symmetric M whose left and right top spaces differ
+    Q = lr.aligned_basis(B)
+    L = Q[:, :k] @ Q[:, k:2 * k].T * 5  # maps col(B)^perp directions to col(B)
+    ang = lr.principal_angles(L, B)
+    np.testing.assert_allclose(ang, np.pi / 2, atol=1e-7)  # the right (query) side is off col(B)
+    left, right = lr.top_singular_spaces(L, k)
+    assert np.linalg.norm(B.T @ left) == pytest.approx(math.sqrt(k))
+    np.testing.assert_allclose(B.T @ right, 0, atol=1e-10)
+
+
+def test_col_block_and_reflection():
+    d, k = 6, 2
+    B = _B(d, k)
+    M = np.random.default_rng(1).normal(size=(d, d))
+    blk = lr.col_block(M, B)
+    np.testing.assert_allclose(blk, B @ B.T @ M @ B @ B.T, atol=1e-12)
+    np.testing.assert_allclose(lr.col_block(blk, B), blk, atol=1e-12)
+    R = lr.reflect(M, B)
+    np.testing.assert_allclose(R, (np.eye(d) - 2 * B @ B.T) @ M, atol=1e-12)
+    np.testing.assert_allclose(lr.reflect(R, B), M, atol=1e-12)
+    # on an even link, M and its reflection score the reflected context points alike
+    t = LipschitzRegression(d=d, n=12, function="quadratic", rank=k, sigma=0.0)
+    Bt = t.subspace.numpy()
+    p = t.sample(50, torch.Generator().manual_seed(0), dtype=F64)
+    H = torch.as_tensor(np.eye(d) - 2 * Bt @ Bt.T)
+    a = lr.kernel_predict(lr.reflect(M, Bt))(p.X, p.y, p.xq)
+    b = lr.kernel_predict(M)(p.X @ H, p.y, p.xq)
+    torch.testing.assert_close(a, b)
+
+
+def test_paired_comparison():
+    rng = np.random.default_rng(0)
+    ea = rng.exponential(size=400)
+    eb = ea + 0.1 + 0.01 * rng.normal(size=400)
+    r = lr.paired(ea, eb)
+    assert r["a"] == pytest.approx(ea.mean()) and r["b"] == pytest.approx(eb.mean())
+    assert r["gap"] == pytest.approx((eb - ea).mean())
+    assert r["gap_se"] == pytest.approx((eb - ea).std(ddof=1) / 20)
+    assert r["z"] > 50 and r["ratio"] == pytest.approx(ea.mean() / eb.mean())
+    assert 0 < r["ratio_se"] < r["se_a"] / eb.mean()  # pairing removes the common noise
+    with pytest.raises(ValueError, match="errors"):
+        lr.paired(ea, eb[:10])
+
+
+def test_draw_prompts_and_best_scale():
+    t = LipschitzRegression(d=3, n=8, function="linear", rank=1, sigma=0.0)
+    P = lr.draw_prompts(t, 600, seed=3, stream=("s", 1), dtype=F64)
+    f = lr.kernel_predict(2 * np.eye(3))
+    e = lr.squared_errors({"f": f}, t, num_prompts=600, seed=3, stream=("s", 1), dtype=F64)
+    np.testing.assert_array_equal(lr.errors_on(f, P), e["f"])  # the same prompts
+    B = t.subspace.numpy()
+    grid = np.concatenate([-np.logspace(-1, 2, 8)[::-1], [0.0], np.logspace(-1, 2, 8)])
+    best = lr.best_scale(B @ B.T, P, grid)
+    fine = np.linspace(best["scale"] * 0.8, best["scale"] * 1.2, 41)
+    risks = [lr.errors_on(lr.kernel_predict(s * B @ B.T), P).mean() for s in fine]
+    assert best["risk"] <= min(risks) + 1e-9  # no point near it does better
+    assert best["risk"] <= best["grid_risks"].min() and best["scale"] > 0
+    np.testing.assert_allclose(best["errors"].mean(), best["risk"])

@@ -177,10 +177,19 @@ def test_roles_and_modes(om, mu, roles, mode):
 
 
 def test_the_papers_table_2_is_superposition():
-    """Table 2 of the paper (omega on the groups, mu per task): head 3 is superposed."""
+    """Table 2 of the paper: omega on the groups in the paper's order (S1 only = {1,2}, S2 only =
+    {5,6}, shared = {3,4}; head 3's "middle two entries are close to zero"), mu per task: head 3 is
+    superposed, and each task's effective preconditioner is eta* ~ 0.91 on its support, ~0.01 off."""
     groups = np.array([[-0.0316, -0.0689, -0.0893], [0.0779, 0.0, 0.0870], [-0.0837, 0.0927, 0.0152]])
-    om = np.repeat(groups, 2, axis=1)
+    om = groups[:, [0, 0, 2, 2, 1, 1]]  # coordinates 1..6
     mu = np.array([[-3.9911, -7.0742], [6.9204, 2.3371], [-2.8739, 4.7399]])
     assert sp.head_roles(om, mu) == ["shared", "shared", "superposed"]
     assert sp.run_mode(om, mu, SUP) == "IV"
     assert math.isclose(sp.shares(om, mu).max(), 1.0)
+    G = sp.effective_preconditioner(om, mu)
+    on = np.array([S1, S2]).astype(bool)
+    np.testing.assert_allclose(G[on], 0.915, atol=0.015)
+    np.testing.assert_allclose(G[~on], 0.0, atol=0.015)
+    g = sp.group_omega(om, sp.coordinate_groups(SUP, 6))  # our order: task 1 only, shared, task 2 only
+    np.testing.assert_allclose(g[2], [-0.0837, 0.0152, 0.0927])
+    assert sp.paper_layout(g, mu, sp.coordinate_groups(SUP, 6))

@@ -22,8 +22,9 @@ sweeps match on ids, never on wording):
 Transition: a check without ``null_kind`` records ``"unstated"`` (weak); a basis lacking the
 fields it needs is flagged "unsupported basis"; a non-finite null without ``null_kind`` and a
 finding given as ``findings={id: why}`` (declared "unknown") are flagged too. The flags are in
-the JSON (:func:`transitional` lists them); ``strict`` (``Claims(..., strict=True)`` or
-``$ICLNB_CLAIMS_STRICT=1``) makes each a ValueError.
+the JSON (:func:`transitional` lists them). Every chapter is converted, so ``strict`` is on by
+default: each transitional form is a ValueError; ``Claims(..., strict=False)`` (or
+``$ICLNB_CLAIMS_STRICT=0``) accepts them, flagged, for a chapter in the middle of a conversion.
 
 :meth:`Claims.finish` shows the table (:mod:`iclnb.bookkit.scorecard` renders it), writes the
 JSON (to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else ``<chapter>.claims.json``) and,
@@ -286,7 +287,7 @@ class Claims:
     instead (tests; a bare ``why`` is declared "unknown"). :meth:`check` and :meth:`ordering`
     record a declared id as a finding: evaluated, shown, never enforced.
     ``strict``: every transitional form (see the module docstring) is a ValueError; ``None`` reads
-    ``$ICLNB_CLAIMS_STRICT`` ("1" turns it on).
+    ``$ICLNB_CLAIMS_STRICT`` (on unless it is "0", "false" or "no").
     """
 
     chapter: str
@@ -299,7 +300,7 @@ class Claims:
 
     def __post_init__(self):
         if self.strict is None:
-            self.strict = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+            self.strict = os.environ.get(STRICT_ENV, "1").strip().lower() not in ("0", "false", "no")
         if self.findings is None:
             self.findings, self.findings_source = declared_findings(self.chapter)
         else:

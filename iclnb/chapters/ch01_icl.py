@@ -285,3 +285,67 @@ def heldout_mse(predictors, tasks: dict, chunk: int = 250) -> list[float]:
                        for i in range(0, t["A"].shape[0], chunk)])
         out.append(float(((y - t["yq"].double()) ** 2).mean()))
     return out
+
+
+def fitted_steps(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
+    """Each predictor read as a GD step: the least-squares step ``<y_hat, g_1> / <g_1, g_1>`` of
+    its predictions on the held-out ``tasks`` against one GD step's at ``eta = 1`` (``g_1``,
+    :func:`gd_predict`), divided by GD's fitted ``tasks["eta"]``, ``{name: ratio}``.
+
+    One GD step itself reads 1 exactly; a predictor fitted to the targets reads about 1 too, since
+    ``eta`` is the least-squares step for the targets (:func:`fit_gd_eta`): this is the rival of a
+    step-size match, the same reading given to a predictor with no GD in it."""
+    t = tasks
+    g1 = gd_predict(t["A"], t["b"], t["Aq"], 1.0)[0].double()
+    out = {}
+    for name, m in predictors.items():
+        y = torch.cat([m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk]).double()
+                       for i in range(0, t["A"].shape[0], chunk)])
+        out[name] = float((y * g1).sum() / (g1 * g1).sum()) / float(t["eta"])
+    return out
+
+
+def escape_rate_bound(escaped: int, trials: int, level: float = 0.95) -> float:
+    """The one-sided ``level`` lower confidence bound (Clopper-Pearson, exact binomial) on the rate
+    at which initialisations leave the plateau, from ``escaped`` of ``trials``; 0 when none did."""
+    from scipy.stats import beta
+
+    escaped, trials = int(escaped), int(trials)
+    if not 0 <= escaped <= trials or trials < 1:
+        raise ValueError(f"escaped={escaped} of trials={trials}: need 0 <= escaped <= trials, trials >= 1")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level!r} must lie in (0, 1)")
+    return 0.0 if escaped == 0 else float(beta.ppf(1.0 - level, escaped, trials - escaped + 1))
+
+
+def closer_to_gd(tasks: dict, icl: dict, name: str = "layer", uniform: str = "uniform") -> dict:
+    """Is predictor ``name`` closer to one GD step than to the targets? ``ratio`` = RMS(y - y_GD) /
+    RMS(y - y_q) from :func:`icl_comparison`'s rows; ``null`` = the same ratio for a predictor as
+    good as it with no GD in it: the exact solution shrunk towards 0 until its error is the
+    predictor's, ``lam y_q`` with ``lam = 1 - sqrt(MSE / MSE(uniform))``."""
+    rmse = icl[name]["mse"] ** 0.5
+    lam = 1.0 - (icl[name]["mse"] / icl[uniform]["mse"]) ** 0.5
+    y_gd = gd_predict(tasks["A"], tasks["b"], tasks["Aq"], tasks["eta"])[0]
+    null = float(((lam * tasks["yq"].double() - y_gd) ** 2).mean()) ** 0.5 / rmse
+    return {"ratio": icl[name]["pred_diff"] / rmse, "null": null, "lam": lam}
+
+
+def convergence_elasticities(icl: dict, layer: CircuitLayer, layer_short: CircuitLayer, end: str = "layer",
+                             start: str = "short") -> dict:
+    """How the layer's distances shrink with its omega between two reads of its training
+    (``start``: ``layer_short``, ``end``: ``layer``; rows of :func:`icl_comparison`):
+    ``to_gd`` = log(distance to GD ratio) / log(omega ratio), 1 if training takes the layer to GD
+    along the first-order expansion (its second-order term is omega times the first);
+    ``to_targets`` = the same for the distance to the targets (RMS error), the rival's reading.
+    Where omega did not move (or changed sign) the ratio is undefined and both read 0.0: the
+    distances did not shrink in proportion to omega (``omega_moved`` False)."""
+    import math
+
+    ratio = layer.omega / layer_short.omega if layer_short.omega != 0 else math.nan
+    moved = math.isfinite(ratio) and ratio > 0 and abs(math.log(ratio)) > 1e-12
+    if not moved:
+        return {"to_gd": 0.0, "to_targets": 0.0, "omega_ratio": ratio, "omega_moved": False}
+    lo = math.log(ratio)
+    return {"to_gd": math.log(icl[end]["pred_diff"] / icl[start]["pred_diff"]) / lo,
+            "to_targets": 0.5 * math.log(icl[end]["mse"] / icl[start]["mse"]) / lo,
+            "omega_ratio": ratio, "omega_moved": True}

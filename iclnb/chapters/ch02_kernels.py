@@ -13,12 +13,14 @@ their metrics and the shared predictors are in ``iclnb.analysis``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from iclnb.analysis.circuits import kq, ov, summarize_circuits
+from iclnb.analysis.ensembles import head_grid_config
 from iclnb.analysis.predictors import (
     ByLength,
     _vec,
@@ -30,14 +32,58 @@ from iclnb.analysis.predictors import (
     ridge_predict,
 )
 from iclnb.engine.activations import _np
-from iclnb.engine.util import check_int, check_real, check_regression
+from iclnb.engine.train import train
+from iclnb.engine.util import check_int, check_real, check_regression, derive_seed
 
 __all__ = [
-    "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
+    "Runs", "train_runs", "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
     "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
     "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
-    "relative_spread", "summary_text",
+    "relative_spread", "summary_text", "member_summaries", "pooled_sign_match", "binomial_upper",
+    "spread_se", "pair_fraction",
 ]
+
+
+# ---- the chapter's training runs ----------------------------------------------------------------
+@dataclass
+class Runs:
+    """The chapter's trained ensembles (each a ``train`` result): ``run`` the softmax head grid
+    (member k has ``member_H[k]`` heads, initialisation ``member_init[k]``; chapter 3 reads this
+    run), ``lin`` one-head linear attention, ``lin_heads`` the multi-head linear-attention rivals
+    (one member per head count of ``lin_H``), ``more`` the extra two-head initialisations
+    (numbered ``extra_ids``; None when there are none)."""
+
+    cfg: object
+    member_H: list
+    member_init: list
+    run: object
+    lin: object
+    lin_H: list
+    lin_heads: object
+    more: object
+    extra_ids: list
+
+
+def train_runs(heads, inits: int, extra_inits: int, *, d: int, n: int, sigma2: float, steps: int,
+               linear_steps: int, batch: int, lr: float, seed: int, log_every: int, device="auto") -> Runs:
+    """Train (or read from the run cache) every ensemble of the chapter, on the same data stream:
+    the softmax head grid (:func:`iclnb.analysis.ensembles.head_grid_config`, unchanged so that
+    chapter 3's reuse of it holds), one-head linear attention for ``linear_steps``, linear
+    attention with every head count >= 2 of ``heads`` (one member each, the same steps: the
+    rival of the per-head patterns, the zero sum and the common scale), and ``extra_inits``
+    further two-head softmax initialisations (init seeds ``derive_seed(seed, "init", i)`` for
+    i = inits, inits + 1, ...)."""
+    cfg, member_H, member_init = head_grid_config(heads, inits, d=d, n=n, sigma2=sigma2, steps=steps, batch=batch,
+                                                  lr=lr, seed=seed, log_every=log_every, device=device)
+    run = train(cfg)
+    lin = train(replace(cfg, model="linear", heads=(1,), init_seeds=None, steps=linear_steps))
+    lin_H = [int(h) for h in heads if h >= 2]
+    lin_heads = train(replace(cfg, model="linear", heads=tuple(lin_H), steps=linear_steps,
+                              init_seeds=tuple(derive_seed(seed, "init", 0) for _ in lin_H)))
+    extra_ids = list(range(inits, inits + extra_inits))
+    more = train(replace(cfg, heads=(2,) * extra_inits,
+                         init_seeds=tuple(derive_seed(seed, "init", i) for i in extra_ids))) if extra_inits else None
+    return Runs(cfg, member_H, member_init, run, lin, lin_H, lin_heads, more, extra_ids)
 
 
 # ---- a trained model's circuits, summarised -----------------------------------------------------
@@ -195,3 +241,45 @@ def summary_text(summaries: Mapping, H: int, key: str, spec: str) -> str:
     """The summary value ``key`` of head count H formatted with ``spec``; "n/a" when H was not
     trained."""
     return format(summaries[H][key], spec) if H in summaries else "n/a"
+
+
+def member_summaries(model, hs: Sequence[int]) -> dict[int, dict]:
+    """``{H: summarize(member k)}`` for an ensemble whose member k has ``hs[k]`` heads (e.g. the
+    multi-head linear-attention rivals)."""
+    return {int(H): summarize(model.member_weights(k)) for k, H in enumerate(hs)}
+
+
+def pooled_sign_match(summaries) -> float:
+    """The fraction of the live heads of every :func:`summarize` result in ``summaries`` whose
+    signs of omega and mu match (NaN when none is live)."""
+    rows = [r for s in summaries for r, c in zip(s["heads"], s["classes"]) if c != "dummy"]
+    return sum(bool(r["sign_match"]) for r in rows) / len(rows) if rows else float("nan")
+
+
+def binomial_upper(n: int, q: float = 0.99, p: float = 0.5) -> float:
+    """The ``q`` quantile of the fraction k/n, k ~ Binomial(n, p): the matched fraction that
+    chance (each head's two signs matching with probability p) stays below with probability q."""
+    check_int("n", n, 1)
+    check_real("q", q, minimum=0.0, maximum=1.0)
+    k = np.arange(n + 1)
+    logpmf = (np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+              + k * math.log(p) + (n - k) * math.log1p(-p))
+    cdf = np.cumsum(np.exp(logpmf))
+    return float(np.searchsorted(cdf, q - 1e-12) / n)
+
+
+def spread_se(errors: Mapping[int, np.ndarray]) -> tuple[float, float]:
+    """(relative spread, its standard error) of the risks of several models measured on the same
+    prompts: ``errors[H]`` the per-prompt squared errors of model H; the spread is
+    (max - min) / min of the mean errors, its s.e. that of the paired per-prompt difference of
+    the worst and the best model, divided by the best one's mean."""
+    means = {H: float(np.mean(e)) for H, e in errors.items()}
+    hi, lo = max(means, key=means.get), min(means, key=means.get)
+    diff = np.asarray(errors[hi], dtype=float) - np.asarray(errors[lo], dtype=float)
+    return (means[hi] - means[lo]) / means[lo], float(diff.std(ddof=1) / math.sqrt(diff.size) / means[lo])
+
+
+def pair_fraction(states) -> float:
+    """The fraction of the states (:func:`pair_state` results) that are "pair" (NaN for none)."""
+    states = list(states)
+    return sum(st == "pair" for st in states) / len(states) if states else float("nan")

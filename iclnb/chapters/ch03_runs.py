@@ -10,13 +10,14 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from iclnb.chapters.ch03_stages import Trajectory, trajectory_gap
+from iclnb.chapters.ch03_stages import Trajectory, peak, trajectory_gap
 
-__all__ = ["check_parameters", "Spliced", "splice_histories", "cache_note", "step_text", "longest", "farthest_gap"]
+__all__ = ["check_parameters", "Spliced", "splice_histories", "cache_note", "step_text", "longest", "farthest_gap",
+           "PeakDecay", "peak_decay", "NoExpPhases", "noexp_phases", "Stage1Summary", "stage1_summary"]
 
 
 def check_parameters(heads, steps, zoom_steps, zoom_every, gd_lr, gd_init, gd_t_end, gd4_t_end, gd_batch, gd_replicas,
-                     gd_log_every, gd4_starts) -> list[int]:
+                     gd_log_every, gd4_starts, gd4_replicas=2, linear_steps=1) -> list[int]:
     """The chapter's parameter checks (``ValueError`` naming the parameters); returns ``heads`` as ints."""
     heads = [int(h) for h in heads]
     if 2 not in heads or 4 not in heads:
@@ -31,6 +32,9 @@ def check_parameters(heads, steps, zoom_steps, zoom_every, gd_lr, gd_init, gd_t_
         raise ValueError(f"gd_batch={gd_batch!r}, gd_replicas={gd_replicas!r}, gd_log_every={gd_log_every!r}, "
                          f"gd4_starts={gd4_starts!r}: need at least 1 prompt, 2 replicas (their spread is the "
                          "batch noise), 1 step, 1 start")
+    if gd4_replicas < 2 or linear_steps < 1:
+        raise ValueError(f"gd4_replicas={gd4_replicas!r}, linear_steps={linear_steps!r}: need at least 2 runs from "
+                         "each start (their spread is the batch noise) and 1 step of the linear-attention rival")
     return heads
 
 
@@ -73,3 +77,80 @@ def longest(trajectories: Sequence[Trajectory]) -> Trajectory:
 def farthest_gap(omega_runs, mu_runs, traj: Trajectory) -> float:
     """The largest :func:`trajectory_gap` of the runs (R, steps, H) from a trajectory sampled at their times."""
     return max(trajectory_gap(omega_runs[r], mu_runs[r], traj.omega, traj.mu) for r in range(len(omega_runs)))
+
+
+class PeakDecay(NamedTuple):
+    step: float  # the logged step of the peak of the top head's |omega_h|
+    peak: float  # that peak
+    decay: float  # |omega_top| at the last step / the peak
+    rises_falls: bool  # an interior peak and an end below ``decay_max`` of it
+
+
+def peak_decay(steps, omega, decay_max: float = 0.9, upto=None) -> PeakDecay:
+    """The rise, peak and fall of |omega| of one history: on the head whose |omega_h| peaks highest,
+    the peak (:func:`iclnb.chapters.ch03_stages.peak`) over the logged steps up to ``upto`` (all when
+    None), and whether it is interior (neither the first nor the last logged step) with the last
+    value below ``decay_max`` (90%) of it: the rule of ``real-omega-peak``, the same for every model."""
+    steps, w = np.asarray(steps, dtype=np.float64), np.abs(np.asarray(omega, dtype=np.float64))
+    keep = steps <= (np.inf if upto is None else upto)
+    steps, w = steps[keep], w[keep]
+    if w.ndim != 2 or len(steps) < 3:
+        raise ValueError(f"omega: need (steps, H) with at least 3 logged steps up to {upto}, got {w.shape}")
+    top = int(np.argmax(w.max(0)))
+    t, p, dec = peak(steps, w[:, top])
+    return PeakDecay(t, p, dec, bool(steps[0] < t < steps[-1] and dec < decay_max))
+
+
+class NoExpPhases(NamedTuple):
+    t_growth_end: float | None  # the growth rate of |omega_h| first below rate_frac of its start (grid time)
+    ratio_dev_phase1: float  # max over phase I and heads of |mu_h / omega_h - 1|
+    decay: float  # |omega_h(t_end)| / max_t |omega_h(t)| of the head that peaks highest
+    interior_peak: bool  # whether that maximum lies strictly inside the time grid
+
+
+def noexp_phases(traj: Trajectory, rate_frac: float = 0.9) -> NoExpPhases:
+    """The phase rules of :func:`iclnb.chapters.ch03_stages.ode_phases` applied, on the sampled grid, to
+    the flow without its exp term (:func:`iclnb.chapters.ch03_stages.flow_without_exp`), whose rates
+    are d omega_h/dt = mu_h r, d mu_h/dt = omega_h r with r = 1 - omega^T mu: phase I ends at the
+    first sample where (d|omega_h|/dt) / |omega_h| is below ``rate_frac`` of its value at t = 0,
+    on the head whose |omega_h| peaks highest. The rival of the ODE-phase checks, computed alike."""
+    w, m = np.asarray(traj.omega), np.asarray(traj.mu)
+    a = np.abs(w).max(0)
+    h = int(np.argmax(a))
+    r = 1.0 - (w * m).sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = m[:, h] * r / w[:, h]
+        dev = np.nanmax(np.abs(m / w - 1.0), axis=1)
+    below = np.flatnonzero(rate < rate_frac * rate[0])
+    t_growth = float(traj.t[below[0]]) if below.size else None
+    phase1 = traj.t < t_growth if t_growth is not None else np.ones(len(traj.t), bool)
+    i = int(np.argmax(np.abs(w[:, h])))
+    return NoExpPhases(t_growth, float(dev[phase1].max()), float(abs(w[-1, h]) / abs(w[i, h])),
+                       bool(0 < i < len(traj.t) - 1))
+
+
+class Stage1Summary(NamedTuple):
+    tested: list  # indices of the starts whose flow establishes Stage I by t_end * tested_frac
+    reached: float  # fraction of the tested starts in which every run establishes Stage I by t_end
+    reached_null: float  # the same fraction for the flow without its exp term
+    err: float  # largest |runs' mean t_I - flow's t_I| / tolerance over the tested starts
+    err_null: float  # the same for the flow without its exp term (a time not reached counts as t_end)
+    flow_fraction: float  # fraction of all starts whose flow establishes Stage I by t_end * tested_frac
+
+
+def stage1_summary(starts: Sequence[dict], t_end: float, tested_frac: float = 0.5) -> Stage1Summary:
+    """Stage I of plain GD from several starts (each a :func:`iclnb.chapters.ch03_stages.stage1_timing`
+    result) against the flow and its null. A start is **tested** when its flow establishes Stage I by
+    ``tested_frac * t_end`` (half the run), so a run that lags the flow has as long again to get
+    there. A time never reached counts as ``t_end`` in ``err_null``: a lower bound on the null's
+    error (NaN fields when no start is tested)."""
+    tested = [i for i, r in enumerate(starts) if r["t_flow"] <= tested_frac * t_end]
+    if not tested:
+        nan = float("nan")
+        return Stage1Summary([], nan, nan, nan, nan, 0.0 if starts else nan)
+    sel = [starts[i] for i in tested]
+    reached = float(np.mean([np.isfinite(r["t_gd"]).all() for r in sel]))
+    reached_null = float(np.mean([np.isfinite(r["t_null"]) for r in sel]))
+    err = max(abs(r["t_gd"].mean() - r["t_flow"]) / r["tol"] for r in sel)
+    err_null = max(abs(min(r["t_null"], t_end) - r["t_flow"]) / r["tol"] for r in sel)
+    return Stage1Summary(tested, reached, reached_null, float(err), float(err_null), len(tested) / len(starts))

@@ -444,7 +444,8 @@ def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: 
     Returns ``t_gd`` (R,), ``t_flow``, ``t_null`` and ``tol``, the tolerance of the runs' mean time:
     the clock's relative error, 1/n (the terms Ltilde drops) + 2 lr (the discretisation), times
     t_flow, plus one logging interval 2 lr log_every, plus 3 standard errors of the mean over the
-    runs (the batch noise); and the trajectories ``flow`` and ``null``.
+    runs that establish it (the batch noise; none with fewer than two such runs), so the tolerance
+    is finite even when a run never gets there; and the trajectories ``flow`` and ``null``.
     """
     check_real("lr", lr, strict=True)
     check_int("log_every", log_every, 1)
@@ -461,8 +462,8 @@ def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: 
     null = flow_without_exp(W[0, 0], M[0, 0], t[-1], sigma2, t_eval=t)
     t_gd = np.array([stage1(W[r], M[r]) for r in range(W.shape[0])])
     t_flow = stage1(flow.omega, flow.mu)
-    with np.errstate(invalid="ignore"):
-        se = float(t_gd.std(ddof=1)) / np.sqrt(W.shape[0])
+    done = t_gd[np.isfinite(t_gd)]  # the runs that establish it (the se of their mean time; 0 for fewer than 2)
+    se = float(done.std(ddof=1)) / np.sqrt(done.size) if done.size >= 2 else 0.0
     tol = (1.0 / n + 2.0 * lr) * t_flow + 2.0 * lr * log_every + 3.0 * se
     return {"t_gd": t_gd, "t_flow": t_flow, "t_null": stage1(null.omega, null.mu), "tol": tol, "flow": flow,
             "null": null}

@@ -16,19 +16,22 @@ is here: the attention weights of a kernel matrix (:func:`kernel_weights`),
 into bias and noise, and the chapter's null predictors: :func:`best_fixed_window` (one window for
 many tasks, chosen without knowing L), :func:`kernel_unit` (a unit with given kernel matrices,
 e.g. fixed windows w I) and :func:`fit_linear_attention` (the best linear attention, with or
-without the intercept it lacks, by least squares).
+without the intercept it lacks, by least squares); the chance null of an ordering
+(:func:`rank_chance`, a permutation test of rank correlations), the mean relative risk of a set of
+units (:func:`relative_risk`) and the power-law fit of windows (:func:`window_exponent`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
-from iclnb.engine.util import check, check_int, check_real, check_reals, generator, rank_correlation
+from iclnb.engine.util import check, check_int, check_real, check_reals, generator, power_law_fit, rank_correlation
 
 
 def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
@@ -155,13 +158,93 @@ def fit_linear_attention(tasks, intercept: bool = True, num_prompts: int = 20_00
     return LinearAttentionFit(torch.stack(Ms).to(device), torch.stack(cs).to(device))
 
 
-def norm_rank(M_history, t: int, L_grid, groups) -> float:
-    """min over ``groups`` (lists of unit indices, one per class, ordered as ``L_grid``) of the
-    rank correlation of |M|_F at logged step ``t`` (``M_history[k][t]``, unit k) with L."""
-    norms = np.array([np.linalg.norm(M_history[k][t]) for k in range(len(M_history))])
-    return min(rank_correlation(L_grid, norms[g]) for g in groups)
-
-
 def loglog_slope(x, r) -> float:
     """The least-squares slope of log r against log x."""
     return np.polyfit(np.log(x), np.log(r), 1)[0]
+
+
+@dataclass(frozen=True)
+class RankChance:
+    """A rank statistic beside its chance level (:func:`rank_chance`)."""
+
+    value: float  # the statistic on the data: min (or max) over groups of the rank correlation
+    level: float  # the statistic's chance level: the (1 - alpha) quantile ("min") or alpha quantile ("max")
+    p_value: float  # the chance of a statistic at least as extreme as ``value`` (one-sided)
+    alpha: float  # the tail probability of ``level``
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share the mean of their positions), as ``rank_correlation`` ranks."""
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    _, inverse = np.unique(v, return_inverse=True)
+    return np.bincount(inverse, weights=ranks)[inverse] / np.bincount(inverse)[inverse]
+
+
+def _rank_distribution(x, y, num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values and probabilities of rank_correlation(x, y[perm]) over the orderings of y: every
+    permutation when there are at most 8! of them, else ``num`` random ones (seeded)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rx, ry = _ranks(x), _ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    den = float(np.sqrt((rx @ rx) * (ry @ ry)))
+    if len(y) <= 8:
+        perms = np.array(list(itertools.permutations(range(len(y)))))
+    else:
+        rng = np.random.default_rng(seed)
+        perms = np.argsort(rng.random((num, len(y))), axis=1)
+    rho = (ry[perms] @ rx) / den if den > 0 else np.zeros(len(perms))
+    vals, counts = np.unique(np.round(rho, 12), return_counts=True)
+    return vals, counts / counts.sum()
+
+
+def rank_chance(xs, ys, agg: str = "min", alpha: float = 0.05, num: int = 20_000, seed: int = 0) -> RankChance:
+    """A permutation test of an ordering: the statistic ``agg`` ("min" or "max") over groups g of
+    rank_correlation(xs[g], ys[g]), and its chance level when y bears no relation to x (each
+    group's y in random order, independently; exact over every ordering for groups of up to 8).
+
+    "min" is the upper tail (every group increasing): ``level`` is the (1 - alpha) quantile, the
+    largest value the statistic reaches with probability above alpha by chance, and ``p_value``
+    P(stat >= value). "max" is the lower tail (every group decreasing): ``level`` the alpha
+    quantile, ``p_value`` P(stat <= value). A check "value >= t" (or "<= t") is then tested
+    against ``level`` as its chance null: with few points per group chance reaches a perfect
+    order often, the level reaches t and the check cannot hold."""
+    check("agg", agg, agg in ("min", "max"), "'min' (upper tail) or 'max' (lower tail)")
+    check("alpha", alpha, 0 < alpha < 0.5, "in (0, 0.5)")
+    check("ys", len(ys), len(ys) >= 1 and len(xs) == len(ys), "one y per x, at least one group")
+    value = (min if agg == "min" else max)(rank_correlation(x, y) for x, y in zip(xs, ys))
+    dists = [_rank_distribution(x, y, num, seed + g) for g, (x, y) in enumerate(zip(xs, ys))]
+    support = np.unique(np.concatenate([v for v, _ in dists]))
+
+    def tail(t, upper: bool, strict: bool = False):  # P(stat >= t) (upper) or P(stat <= t), per group
+        sel = [(v > t + 1e-12 if strict else v >= t - 1e-12) if upper else
+               (v < t - 1e-12 if strict else v <= t + 1e-12) for v, _ in dists]
+        return np.array([p[s].sum() for (_, p), s in zip(dists, sel)])
+
+    if agg == "min":  # P(min >= t) = prod_g P(rho_g >= t)
+        reach = [float(np.prod(tail(t, True))) for t in support]
+        level = max(t for t, r in zip(support, reach) if r > alpha)
+        p = float(np.prod(tail(value, True)))
+    else:  # P(max <= t) = prod_g P(rho_g <= t)
+        reach = [float(np.prod(tail(t, False))) for t in support]
+        level = min(t for t, r in zip(support, reach) if r > alpha)
+        p = float(np.prod(tail(value, False)))
+    return RankChance(float(value), float(level), p, float(alpha))
+
+
+def relative_risk(risk, se, reference) -> tuple[float, float]:
+    """The mean over units of risk_k / reference_k and its standard error (units with their own,
+    independent prompts): how far a set of predictors is from each unit's best risk."""
+    risk, se, ref = (np.asarray(a, float) for a in (risk, se, reference))
+    check("reference", ref.shape, ref.shape == risk.shape == se.shape and np.all(ref > 0),
+          "positive, one per unit like risk and se")
+    return float((risk / ref).mean()), float(np.sqrt(((se / ref) ** 2).sum())) / len(ref)
+
+
+def window_exponent(s, w, floor: float = 1e-6) -> dict:
+    """:func:`iclnb.engine.util.power_law_fit` of windows (or ratios of windows) ``w`` against
+    ``s``: {"exponent", "prefactor", "se"}. A w <= 0 is no window at all (an untrained unit's
+    tr(M)/d can be negative); it is floored at ``floor``, so the fit stays finite and such a unit
+    sits far below every real window."""
+    return power_law_fit(s, np.maximum(np.asarray(w, float), floor))

@@ -5,14 +5,17 @@ x only through its projection onto a k-dimensional subspace col(U) (U (d, k), or
 task ``lipschitz`` with ``rank``, :class:`iclnb.engine.tasks.LipschitzRegression`), the learned
 kernel matrix M concentrates on that subspace, M ~ c U U^T. What is chapter 5's own is here:
 
-* the metrics of a kernel matrix M against col(U), all read on its symmetric part M_s
-  (:func:`symmetric_part`): :func:`subspace_ratio`, :func:`principal_angles` (against the top
-  eigenspace, :func:`top_eigenspace`), :func:`projector_fit`, the aligned view :func:`aligned`
-  (:func:`aligned_basis`) and all of them at once, :func:`recovery`;
-* the kernel unit with a fixed M as a predictor (:func:`kernel_predict`), per-prompt squared
-  errors on common prompts (:func:`squared_errors`), the best of a family chosen on those
-  prompts with a paired gap (:func:`best_on_grid`) and the slope of the risk along a direction
-  (:func:`kernel_loss_slope`).
+* the metrics of a kernel matrix M against col(U), all read on M itself (the scores
+  x_i^T M x_q pair distinct points, so the antisymmetric part counts:
+  :func:`antisymmetric_fraction`): :func:`subspace_ratio`, :func:`principal_angles` (against the
+  top singular subspaces, :func:`top_singular_spaces`), :func:`projector_fit`, the aligned view
+  :func:`aligned` (:func:`aligned_basis`) and all of them at once, :func:`recovery`;
+* the kernel unit with a fixed M as a predictor (:func:`kernel_predict`), common prompts
+  (:func:`draw_prompts`) and per-prompt squared errors on them (:func:`errors_on`,
+  :func:`squared_errors`), paired comparisons (:func:`paired`), the best window along a direction
+  by a 1-D minimisation (:func:`best_scale`) or on a grid (:func:`best_on_grid`), the window
+  restricted to col(U) (:func:`col_block`) and reflected through col(U)^perp (:func:`reflect`),
+  and the slope of the risk along a direction (:func:`kernel_loss_slope`).
 """
 
 from __future__ import annotations
@@ -39,22 +42,42 @@ def top_eigenspace(M, k: int) -> np.ndarray:
     return V[:, np.argsort(-np.abs(e), kind="stable")[:k]]
 
 
-def principal_angles(M, U) -> np.ndarray:
-    """Principal angles (k,) in radians, ascending, between col(U) (U (d, k), any basis) and the
-    top-|eigenvalue| k-eigenspace of the symmetric part of M (0: the subspace is recovered)."""
-    U = _np(U)
-    U = U.reshape(-1, 1) if U.ndim == 1 else U
-    Q, _ = np.linalg.qr(U)
-    s = np.linalg.svd(top_eigenspace(M, Q.shape[1]).T @ Q, compute_uv=False)
+def top_singular_spaces(M, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Orthonormal bases (d, k) of the top-k left and right singular subspaces of M itself (for
+    a symmetric M both are the eigenspace of the k largest |eigenvalues|)."""
+    M = _np(M)
+    check("k", k, isinstance(k, int) and 1 <= k <= M.shape[-1], f"an integer in [1, {M.shape[-1]}]")
+    U, _, Vt = np.linalg.svd(M)
+    return U[:, :k], Vt[:k].T
+
+
+def _angles(V, Q) -> np.ndarray:
+    s = np.linalg.svd(V.T @ Q, compute_uv=False)
     return np.sort(np.arccos(np.clip(s, -1.0, 1.0)))
 
 
+def principal_angles(M, U) -> np.ndarray:
+    """Principal angles (k,) in radians, ascending, between col(U) (U (d, k), any basis) and the
+    top-k singular subspaces of M itself: the larger of the angles to the left (key side) and to
+    the right (query side) subspace, angle by angle (0: the subspace is recovered on both sides;
+    for a symmetric M, the angles to the eigenspace of the k largest |eigenvalues|)."""
+    Q = _orthonormal(U)
+    left, right = top_singular_spaces(M, Q.shape[1])
+    return np.maximum(_angles(left, Q), _angles(right, Q))
+
+
 def symmetric_part(M) -> np.ndarray:
-    """M_s = (M + M^T) / 2 of a matrix (d, d) or a stack (..., d, d). The recovery metrics read
-    M_s: Theorem 4 of Collins et al. optimises over symmetric M, and the antisymmetric part
-    adds nothing to the score of a point with itself (x^T A x = 0)."""
+    """M_s = (M + M^T) / 2 of a matrix (d, d) or a stack (..., d, d)."""
     M = _np(M)
     return (M + np.swapaxes(M, -1, -2)) / 2
+
+
+def antisymmetric_fraction(M) -> float:
+    """|M_a|_F / |M|_F with M_a = (M - M^T) / 2: the share of M the symmetric part leaves out
+    (0 for a symmetric M). The scores x_i^T M x_q pair distinct points, so M_a does change them."""
+    M = _np(M)
+    norm = float(np.linalg.norm(M))
+    return float(np.linalg.norm((M - M.T) / 2)) / norm if norm > 0 else float("nan")
 
 
 def _orthonormal(U) -> np.ndarray:
@@ -68,10 +91,10 @@ def _orthonormal(U) -> np.ndarray:
 
 
 def subspace_ratio(M, U) -> float:
-    """rho(M, U) = |P_perp M_s P_perp|_F / |U^T M_s U|_F with M_s = (M + M^T) / 2 and P_perp the
-    projector onto col(U)^perp (U (d, k), any basis): the weight the window puts outside col(U)
-    against the weight inside (0: M_s = U C U^T; sqrt((d - k) / k) for M = w I)."""
-    M, U = symmetric_part(M), _orthonormal(U)
+    """rho(M, U) = |P_perp M P_perp|_F / |U^T M U|_F on M itself, P_perp the projector onto
+    col(U)^perp (U (d, k), any basis): the weight the window puts outside col(U) against the
+    weight inside (0: M = U C U^T; sqrt((d - k) / k) for M = w I)."""
+    M, U = _np(M), _orthonormal(U)
     P = np.eye(M.shape[-1]) - U @ U.T
     inside = float(np.linalg.norm(U.T @ M @ U))
     return float(np.linalg.norm(P @ M @ P)) / inside if inside > 0 else float("inf")
@@ -79,10 +102,27 @@ def subspace_ratio(M, U) -> float:
 
 def projector_fit(M, U) -> tuple[float, float]:
     """(c, e): the best multiple c U U^T of the projector onto col(U) (U (d, k), any basis) in
-    Frobenius norm, c = tr(U^T M_s U) / k, and the relative error e = |M_s - c U U^T|_F / |M_s|_F
-    (0: M_s = c U U^T, c of either sign; sqrt((d - k) / d) for M = w I)."""
+    Frobenius norm, c = tr(U^T M U) / k, and the relative error e = |M - c U U^T|_F / |M|_F, on M
+    itself (0: M = c U U^T, c of either sign; sqrt((d - k) / d) for M = w I)."""
     U = _orthonormal(U)
-    return proportional_error(symmetric_part(M), U @ U.T)
+    return proportional_error(_np(M), U @ U.T)
+
+
+def col_block(M, U) -> np.ndarray:
+    """P M P with P = U U^T (U (d, k), any basis): the window M restricted to col(U), its part
+    outside col(U) (and across) removed."""
+    U = _orthonormal(U)
+    P = U @ U.T
+    return P @ _np(M) @ P
+
+
+def reflect(M, U) -> np.ndarray:
+    """(I - 2 P) M with P = U U^T: the window whose scores are those of M on the context points
+    reflected through col(U)^perp. For an even link of w^T x, w in col(U), those points have the
+    same distribution and the same labels, so the two windows have the same risk."""
+    U = _orthonormal(U)
+    M = _np(M)
+    return M - 2 * U @ (U.T @ M)
 
 
 def aligned_basis(U) -> np.ndarray:
@@ -95,22 +135,26 @@ def aligned_basis(U) -> np.ndarray:
 
 
 def aligned(M, U) -> np.ndarray:
-    """Q^T M_s Q in the basis Q of :func:`aligned_basis` (the first k rows and columns: col(U)),
-    for a matrix (d, d) or a stack (..., d, d): a recovered subspace shows as one k x k block."""
+    """Q^T M Q in the basis Q of :func:`aligned_basis` (the first k rows and columns: col(U)),
+    for a matrix (d, d) or a stack (..., d, d) of M itself: a recovered subspace shows as one
+    k x k block."""
     Q = aligned_basis(U)
-    return Q.T @ symmetric_part(M) @ Q
+    return Q.T @ _np(M) @ Q
 
 
 def recovery(M, U) -> dict:
     """The recovery metrics of a kernel matrix M (d, d) or a stack (T, d, d) (e.g. a logged
-    history) against col(U): ``rho`` (:func:`subspace_ratio`), ``angle`` the largest principal
-    angle in degrees (:func:`principal_angles`), ``c`` and ``fit_error`` (:func:`projector_fit`),
-    and ``norm`` |M_s|_F. Floats for one matrix, arrays (T,) for a stack."""
+    history) against col(U), all on M itself: ``rho`` (:func:`subspace_ratio`), ``angle`` the
+    largest principal angle in degrees (:func:`principal_angles`), ``c`` and ``fit_error``
+    (:func:`projector_fit`), ``norm`` |M|_F, ``asym`` (:func:`antisymmetric_fraction`) and
+    ``rho_sym`` the rho of the symmetric part alone. Floats for one matrix, arrays (T,) for a
+    stack."""
     M = _np(M)
     stack = M if M.ndim == 3 else M[None]
     rows = [(subspace_ratio(m, U), float(np.degrees(principal_angles(m, U)[-1])), *projector_fit(m, U),
-             float(np.linalg.norm(symmetric_part(m)))) for m in stack]
-    out = dict(zip(("rho", "angle", "c", "fit_error", "norm"), np.array(rows).T))
+             float(np.linalg.norm(m)), antisymmetric_fraction(m), subspace_ratio(symmetric_part(m), U))
+            for m in stack]
+    out = dict(zip(("rho", "angle", "c", "fit_error", "norm", "asym", "rho_sym"), np.array(rows).T))
     return {k: float(v[0]) for k, v in out.items()} if M.ndim == 2 else out
 
 
@@ -137,21 +181,88 @@ def kernel_predict(matrices, linear: bool = False) -> Callable:
     return predict
 
 
+def draw_prompts(task: Task, num_prompts: int = 10_000, seed: int = 0, stream="errors", device="cpu",
+                 dtype=torch.float32, chunk: int | None = None) -> list:
+    """``num_prompts`` prompts of ``task`` drawn with ``derive_seed(seed, stream)`` (``stream`` a
+    label or a tuple of labels), as a list of chunks (:class:`iclnb.engine.tasks.Prompts`): the
+    common prompts of paired comparisons (:func:`errors_on`), the same ones
+    :func:`squared_errors` draws with the same arguments."""
+    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
+    g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
+    return list(_batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype))
+
+
+def errors_on(predict: Callable, prompts: list, outputs: int = 1) -> np.ndarray:
+    """Per-prompt squared errors (y_hat - y_q)^2 of ``predict`` (X, y, xq) -> y_hat on the chunks
+    ``prompts`` (:func:`draw_prompts`): numpy (P,), or (S, P) for a family of S predictors."""
+    with torch.no_grad():
+        return torch.cat([_sq_err(predict(p.X, p.y, p.xq), p.yq, outputs) for p in prompts], dim=-1).numpy()
+
+
 def squared_errors(predictors: dict, task: Task, num_prompts: int = 10_000, seed: int = 0, stream="errors",
                    device="cpu", dtype=torch.float32, chunk: int | None = None) -> dict:
     """Per-prompt squared errors (y_hat - y_q)^2 of several predictors on common prompts of
     ``task`` (``num_prompts`` of them, drawn with ``derive_seed(seed, stream)``; ``stream`` a label
     or a tuple of labels): ``{name: numpy (..., P)}``, e.g. (S, P) for a family of S predictors.
-    The raw material of paired comparisons (:func:`best_on_grid`): two predictors on the same
-    prompts differ by far less Monte Carlo noise than either risk carries."""
-    check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
-    errs = {k: [] for k in predictors}
-    g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
-    with torch.no_grad():
-        for p in _batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype):
-            for k, f in predictors.items():
-                errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, task.outputs))
-    return {k: torch.cat(e, dim=-1).numpy() for k, e in errs.items()}
+    The raw material of paired comparisons (:func:`best_on_grid`, :func:`paired`): two predictors
+    on the same prompts differ by far less Monte Carlo noise than either risk carries."""
+    prompts = draw_prompts(task, num_prompts, seed, stream, device, dtype, chunk)
+    return {k: errors_on(f, prompts, task.outputs) for k, f in predictors.items()}
+
+
+def paired(errors_a, errors_b) -> dict:
+    """A paired comparison of two predictors from their per-prompt squared errors (P,) on the same
+    prompts: their risks ``a``, ``b`` with standard errors ``se_a``, ``se_b``; ``gap`` = b - a,
+    its paired standard error ``gap_se`` and ``z`` = gap / gap_se (positive: A is better); ``ratio``
+    = a / b with ``ratio_se`` (delta method)."""
+    ea, eb = (np.asarray(e, dtype=np.float64) for e in (errors_a, errors_b))
+    check("errors", (ea.shape, eb.shape), ea.ndim == 1 and ea.shape == eb.shape and ea.size >= 2,
+          "two arrays (P,) of the same length, P >= 2")
+    P = ea.size
+    a, b = float(ea.mean()), float(eb.mean())
+    diff = eb - ea
+    gap, gap_se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(P))
+    # delta method for a / b: the per-prompt influence (e_a - r e_b) / b
+    r = a / b
+    ratio_se = float(((ea - r * eb) / b).std(ddof=1) / math.sqrt(P))
+    return {"a": a, "b": b, "se_a": float(ea.std(ddof=1) / math.sqrt(P)),
+            "se_b": float(eb.std(ddof=1) / math.sqrt(P)), "gap": gap, "gap_se": gap_se,
+            "z": gap / gap_se if gap_se > 0 else float("nan"), "ratio": r, "ratio_se": ratio_se}
+
+
+def best_scale(direction, prompts: list, scales, linear: bool = False, iters: int = 30) -> dict:
+    """The best window s D along a fixed direction D (d, d) (e.g. I or U U^T) on the chunks
+    ``prompts``, by a 1-D minimisation of the mean squared error over s: the best point of the
+    grid ``scales`` (sorted; both signs where the sign is free), then a golden-section search
+    between its two neighbours (``iters`` steps). Returns ``scale`` s*, its ``risk``, the
+    per-prompt ``errors`` (P,) at s* and ``grid_risks``. Chosen on the prompts it is scored on,
+    so it flatters the family a little (by its selection noise)."""
+    scales = np.sort(np.asarray(scales, dtype=np.float64))
+    check("scales", scales.shape, scales.ndim == 1 and scales.size >= 3, "a grid of at least 3 scales")
+    D = _np(direction).astype(np.float64)
+
+    def risk(s):
+        return float(errors_on(kernel_predict(s * D, linear=linear), prompts).mean())
+
+    grid = errors_on(kernel_predict(scales[:, None, None] * D, linear=linear), prompts).mean(-1)
+    j = int(np.argmin(grid))
+    lo, hi = scales[max(j - 1, 0)], scales[min(j + 1, scales.size - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+    f1, f2 = risk(x1), risk(x2)
+    for _ in range(iters):
+        if f1 <= f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - g * (hi - lo)
+            f1 = risk(x1)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + g * (hi - lo)
+            f2 = risk(x2)
+    cands = [(float(grid[j]), float(scales[j])), (f1, x1), (f2, x2)]
+    best_r, best_s = min(cands)
+    return {"scale": float(best_s), "risk": best_r,
+            "errors": errors_on(kernel_predict(best_s * D, linear=linear), prompts), "grid_risks": grid}
 
 
 def best_on_grid(errors, reference=None) -> dict:

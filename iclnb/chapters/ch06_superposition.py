@@ -29,11 +29,14 @@ preconditioner (:func:`fit_preconditioner`), ridge on the true supports
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from iclnb.analysis.predictors import _vec, debiased_gd_optimal_step, debiased_gd_risk, ridge_predict
-from iclnb.engine.util import check, is_real
+from iclnb.engine.util import check, check_int, is_real
 
 MODES = ("I", "II", "III", "IV", "other")
 
@@ -193,3 +196,287 @@ def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, 
     check("mu", tuple(m.shape), m.shape == (om.shape[0], y.shape[-1]), f"(H, T) = ({om.shape[0]}, {y.shape[-1]})")
     att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
     return torch.einsum("ht,bhn,bnt->bt", m, att, y)
+
+
+# --------------------------------------------------------------------------- the derived reading
+# Chapter 6's modes, read from what each run computes rather than from a chosen share of |mu| ||omega||.
+# One tolerance decides everything: a predictor at relative MSE eps from a reference, with its deviation
+# uncorrelated with the reference's error, has eps E ref^2 more risk; ``tolerance`` allows ``excess`` (10%,
+# chosen) of the reference's noiseless risk.
+
+
+def tolerance(noiseless_risk: float, ref_power: float, excess: float = 0.1) -> float:
+    """The relative MSE eps = excess R0 / E ref^2 at which a predictor at distance eps from a
+    reference has ``excess`` times the reference's noiseless risk R0 on top of it."""
+    check("ref_power", ref_power, is_real(ref_power) and ref_power > 0, "a positive number")
+    return float(excess) * float(noiseless_risk) / float(ref_power)
+
+
+def head_kernels(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega) -> torch.Tensor:
+    """Every head's kernel regressor of every task (B,H,T): k_bht = sum_i y_it softmax_i(x_i^T
+    diag(omega_h) x_q); the kernel sum :func:`diag_kernel_sum_predict` is sum_h mu_ht k_bht."""
+    om = _vec(omega, X).view(-1, X.shape[-1])
+    att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
+    return torch.einsum("bhn,bnt->bht", att, y)
+
+
+def _rel(pred: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative MSE over prompts and tasks together (both (B,T))."""
+    return float(((pred - ref) ** 2).mean() / (ref**2).mean())
+
+
+@dataclass(frozen=True)
+class RunReading:
+    """One run read through its kernel sum (every distance a relative MSE on the same prompts).
+
+    ``dist_sup``, ``dist_shared``: to independent debiased GD on the true supports and to the best
+    shared preconditioned debiased GD; ``dist_split``: the closest a split of the heads into per-task
+    groups gets to support dGD (each head keeps mu for its own task only, the others set to 0), with
+    ``assignment`` the task (0-based) of every head in that split; ``both``: the heads that the
+    best split cannot take from either task (those whose mu for a task, set to 0 alone, moves the
+    sum past the tolerance for every task they could be given); ``mode``: I ... IV or "other"."""
+
+    dist_sup: float
+    dist_shared: float
+    dist_split: float
+    assignment: tuple
+    both: tuple
+    mode: str
+
+
+def read_run(kern: torch.Tensor, mu, ref_sup: torch.Tensor, ref_shared: torch.Tensor, tol_sup: float,
+             tol_shared: float) -> RunReading:
+    """The mode of one run from its head kernels ``kern`` (B,H,T) and label weights ``mu`` (H,T):
+
+    * **I**: one head (a single weighted kernel regressor);
+    * the run **reaches** (A.1) when its kernel sum is within ``tol_sup`` of support dGD
+      ``ref_sup`` (B,T). Then it is **III** when some split of the heads into per-task groups
+      (each head's mu kept for one task only) is still within ``tol_sup``: no head needs both
+      tasks; else **IV**, superposition: some head must serve both tasks;
+    * **II**: not reaching (A.1) but within ``tol_shared`` of the shared preconditioned dGD
+      ``ref_shared``;
+    * else "other"."""
+    m = torch.as_tensor(np.asarray(mu, dtype=np.float64), dtype=kern.dtype, device=kern.device)
+    H, T = m.shape
+    check("kern", tuple(kern.shape), kern.shape[1:] == (H, T), f"(B, {H}, {T})")
+    full = torch.einsum("ht,bht->bt", m, kern)
+    d_sup, d_sh = _rel(full, ref_sup), _rel(full, ref_shared)
+    best, best_a = float("inf"), ()
+    for a in itertools.product(range(T), repeat=H):
+        mask = torch.zeros_like(m)
+        mask[torch.arange(H), torch.as_tensor(a)] = 1.0
+        dist = _rel(torch.einsum("ht,bht->bt", m * mask, kern), ref_sup)
+        if dist < best:
+            best, best_a = dist, a
+    both = []
+    for h in range(H):
+        cost = []
+        for t in range(T):  # give head h to task t only: drop its other tasks' weights
+            mask = torch.ones_like(m)
+            mask[h] = 0.0
+            mask[h, t] = 1.0
+            cost.append(_rel(torch.einsum("ht,bht->bt", m * mask, kern), ref_sup))
+        if min(cost) > tol_sup:
+            both.append(h)
+    if H == 1:
+        mode = "I"
+    elif d_sup <= tol_sup:
+        mode = "III" if best <= tol_sup else "IV"
+    elif d_sh <= tol_shared:
+        mode = "II"
+    else:
+        mode = "other"
+    return RunReading(d_sup, d_sh, best, tuple(int(t) for t in best_a), tuple(both), mode)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% at z = 1.96) of a binomial proportion k / n."""
+    check_int("n", n, 1)
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, c - h)), float(min(1.0, c + h))
+
+
+def noiseless_target(prompts) -> torch.Tensor:
+    """The query's noiseless targets (B,T): x_q^T beta_t (the authors' multi-task code scores
+    against these; the library's task adds the label noise to y_q as well)."""
+    return torch.einsum("bd,bdt->bt", prompts.xq, prompts.info["beta"].to(prompts.xq.dtype))
+
+
+def in_double(model):
+    """``model`` (float32, (K,B,T)) as a predictor of float64 prompts returning float64."""
+
+    def predict(X, y, xq):
+        with torch.no_grad():
+            return model(X.float(), y.float(), xq.float()).double()
+
+    return predict
+
+
+def risks(preds: dict, prompts, chunk: int = 2000) -> tuple[dict, dict, dict]:
+    """Each predictor's risk per task against the noiseless target, its standard error, and its
+    squared errors (..., B, T) kept for paired comparisons, on the same ``prompts`` (float64):
+    ``preds`` maps a name to ``f(X, y, xq)`` giving (B,T) or (K,B,T)."""
+    yc = noiseless_target(prompts)
+    B = yc.shape[0]
+    err = {k: torch.cat([(f(prompts.X[i:i + chunk], prompts.y[i:i + chunk], prompts.xq[i:i + chunk])
+                          - yc[i:i + chunk]) ** 2 for i in range(0, B, chunk)], -2) for k, f in preds.items()}
+    r = {k: e.mean(-2).cpu().numpy() for k, e in err.items()}
+    s = {k: (e.std(-2) / np.sqrt(B)).cpu().numpy() for k, e in err.items()}
+    return r, s, err
+
+
+def paired_se(err_a: torch.Tensor, err_b: torch.Tensor) -> float:
+    """The standard error of the difference of two risks (mean over tasks) measured on the same
+    prompts, from their squared errors (B,T)."""
+    diff = (err_a - err_b).mean(-1)
+    return float(diff.std() / np.sqrt(diff.shape[0]))
+
+
+def paper_layout(omega_g, mu, groups) -> bool:
+    """Whether a three-head run has the paper's Table 2 layout: two heads whose mu has one sign for
+    both tasks and one head with opposite signs whose mean omega on the shared coordinates is
+    nearer 0 than to its smaller task-only group mean (|shared| < min |task-only| / 2).
+    ``omega_g`` (H,G) the group means in the order of ``groups``."""
+    m = np.asarray(mu, dtype=np.float64)
+    g = np.asarray(omega_g, dtype=np.float64)
+    if m.shape != (3, 2):
+        return False
+    names = [name for name, _ in groups]
+    sh, own = names.index("shared"), [i for i, nm in enumerate(names) if nm.endswith("only")]
+    opp = [h for h in range(3) if m[h, 0] * m[h, 1] < 0]
+    if len(opp) != 1:
+        return False
+    h = opp[0]
+    return bool(abs(g[h, sh]) < 0.5 * min(abs(g[h, i]) for i in own))
+
+
+# --------------------------------------------------------------------------- the chapter's tables
+COUNT_COLUMNS = ["H"] + [f"mode {m}" for m in MODES[:4]] + ["other"]
+
+
+def by_heads(member_h) -> dict:
+    """{H: the members (indices) with H heads}, H ascending."""
+    return {H: [k for k, h in enumerate(member_h) if h == H] for H in sorted(set(member_h))}
+
+
+def mode_counts(modes, member_h) -> dict:
+    """{H: {mode: count}} over the members."""
+    return {H: {m: sum(modes[k] == m for k in ks) for m in MODES} for H, ks in by_heads(member_h).items()}
+
+
+def count_rows(counts: dict, inits: int) -> list:
+    """Rows of the counts table: each cell "k (lo-hi)", the 95% Wilson interval of k / inits."""
+    return [[H] + ["{} ({:.2f}–{:.2f})".format(c[m], *wilson(c[m], inits)) for m in MODES]
+            for H, c in counts.items()]
+
+
+def count_difference_se(a: int, b: int, n: int) -> float:
+    """Standard error of the difference a - b of two cells of one multinomial count of n draws:
+    sqrt(n (p_a + p_b - (p_a - p_b)^2)) at the observed fractions."""
+    check_int("n", n, 1)
+    pa, pb = a / n, b / n
+    return float(np.sqrt(max(n * (pa + pb - (pa - pb) ** 2), 0.0)))
+
+
+def median_member(values, members) -> int:
+    """The member whose value is the (lower) median over ``members``."""
+    ks = sorted(members, key=lambda k: float(values[k]))
+    return ks[(len(ks) - 1) // 2]
+
+
+def closest(readings, members) -> int:
+    """The member whose kernel sum is closest to support dGD (smallest ``dist_sup``)."""
+    return min(members, key=lambda k: readings[k].dist_sup)
+
+
+def head_label(reading: RunReading, h: int) -> str:
+    """A head's label in the circuits figure: the task it keeps in the best split of a run that
+    reaches (A.1) ("t1", "t2"), "both" for a head no split can take from both tasks, else ""."""
+    if reading.mode not in ("III", "IV"):
+        return ""
+    return "both" if h in reading.both else f"t{reading.assignment[h] + 1}"
+
+
+def read_history(hist, d: int, T: int, prompts, ref_sup, ref_shared, tol_sup: float, tol_shared: float) -> dict:
+    """Every member read (:func:`read_run`) at initialisation ("init"), halfway ("mid", the snapshot
+    nearest half the steps, its step in "mid_step") and at the end ("last") of ``hist``."""
+    from iclnb.analysis import circuits
+
+    snaps = len(hist.kq[0])
+    mid = (snaps - 1) // 2
+    out = {}
+    for name, j in (("init", 0), ("mid", mid), ("last", snaps - 1)):
+        rows = []
+        for k in range(len(hist.kq)):
+            om = circuits.omega(hist.kq[k][j], d, per_coordinate=True)
+            m = circuits.mu(hist.ov[k][j], d, T)
+            rows.append(read_run(head_kernels(prompts.X, prompts.y, prompts.xq, om), m, ref_sup, ref_shared,
+                                 tol_sup, tol_shared))
+        out[name] = rows
+    steps = getattr(hist, "steps", None)
+    out["mid_step"] = int(steps[mid]) if steps is not None and len(steps) == snaps else mid
+    return out
+
+
+def _support_masks(supports, d: int):
+    own = np.zeros((len(supports), d), bool)
+    for t, s in enumerate(supports):
+        own[t, [j - 1 for j in s]] = True
+    shared = own.all(0)
+    return own, shared
+
+
+def overlap_weight_of(w, supports) -> float:
+    """A shared preconditioner's (d,) mean weight on the coordinates every task reads over its mean
+    weight on the coordinates only one task reads (1 for a preconditioner that ignores the overlap)."""
+    own, shared = _support_masks(supports, len(w))
+    single = own.sum(0) == 1
+    w = np.asarray(w, dtype=np.float64)
+    return float(w[shared].mean() / w[single].mean())
+
+
+def overlap_weight(omega, mu, supports) -> list:
+    """Per run, the median over tasks of Gamma_t's mean on the shared coordinates over its mean on
+    the task's own task-only coordinates (Gamma_t = sum_h mu_ht omega_h)."""
+    out = []
+    for om, m in zip(omega, mu):
+        G = effective_preconditioner(om, m)
+        own, shared = _support_masks(supports, G.shape[-1])
+        only = own & ~shared
+        out.append(float(np.median([G[t, shared].mean() / G[t, only[t]].mean() for t in range(G.shape[0])])))
+    return out
+
+
+def paper_group_order(groups) -> list:
+    """Indices into ``groups`` in the paper's Table 2 order: task 1 only, task 2 only, shared."""
+    names = [name for name, _ in groups]
+    return [names.index("task 1 only"), names.index("task 2 only"), names.index("shared")]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Per run: max |Gamma_t - eta*_t 1_{S_t}| (``gamma_dev``), max_t |sum_h mu_ht| (``mu_sum``),
+    the largest range of omega_h within a coordinate group over the largest |omega| of the run
+    (``group_spread``) and the relative MSE between the model and its kernel sum (``rebuild``)."""
+
+    gamma_dev: np.ndarray
+    mu_sum: np.ndarray
+    group_spread: np.ndarray
+    rebuild: np.ndarray
+
+
+def structure(omega, mu, w_sup, groups, model_out: torch.Tensor, prompts) -> Structure:
+    """The first-order structure of every run (:class:`Structure`); ``model_out`` (K,B,T) is the
+    models' output on ``prompts``, ``w_sup`` (T,d) eta*_t 1_{S_t}."""
+    dev, ms, spread, reb = [], [], [], []
+    for k, (om, m) in enumerate(zip(omega, mu)):
+        om, m = np.asarray(om, dtype=np.float64), np.asarray(m, dtype=np.float64)
+        dev.append(float(np.abs(effective_preconditioner(om, m) - w_sup).max()))
+        ms.append(float(np.abs(m.sum(0)).max()))
+        top = float(np.abs(om).max()) or 1.0
+        spread.append(max(float(np.ptp(om[:, cols], axis=-1).max()) for _, cols in groups) / top)
+        ks = diag_kernel_sum_predict(prompts.X, prompts.y, prompts.xq, om, m)
+        reb.append(_rel(ks, model_out[k]))
+    return Structure(*(np.array(v) for v in (dev, ms, spread, reb)))

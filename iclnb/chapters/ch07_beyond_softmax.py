@@ -2,32 +2,29 @@
 
 The activation families and their Taylor constant c live in :mod:`iclnb.engine.activations`
 (re-exported by :mod:`iclnb.analysis.circuits`). What is chapter 7's own is here: the matrix of
-the heads' first-order expansion (:func:`kq_preconditioner`) and preconditioned (debiased) GD
-for covariates x ~ N(0, Sigma): the optimal preconditioner (:func:`optimal_preconditioner`),
-its exact risk (:func:`preconditioned_gd_risk`), the predictor
-(:func:`preconditioned_gd_predict`), its Monte Carlo least-squares fit
-(:func:`fit_matrix_preconditioner`) and the best step of the identity preconditioner
-(:func:`preconditioned_gd_best_step`).
+the heads' first-order expansion (:func:`kq_preconditioner`, any number of outputs),
+preconditioned (debiased) GD for covariates x ~ N(0, Sigma): the optimal preconditioner
+(:func:`optimal_preconditioner`), its exact risk (:func:`preconditioned_gd_risk`), the
+predictor (:func:`preconditioned_gd_predict`), its Monte Carlo least-squares fit
+(:func:`fit_matrix_preconditioner`), the best multiple of any preconditioner
+(:func:`preconditioned_gd_best_multiple`; of the identity: :func:`preconditioned_gd_best_step`)
+and the n-sweep of Gamma* towards Sigma^-1 (:func:`gamma_to_sinv_sweep`); the effective step
+read from what a model predicts (:func:`fit_effective_step`), the fixed-normaliser rival of
+length generalisation (:func:`fixed_normaliser_dgd`, :func:`length_gaps`), the tridiagonal
+share of appendix A.2 (:func:`off_tridiagonal_share`) and the shifted ReLU's cut-off share
+(:func:`score_share_below`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from iclnb.engine.activations import _np
-from iclnb.engine.readout import mu
-from iclnb.engine.util import check, check_regression
-
-
-def kq_preconditioner(kq_, ov_, c: float = 1.0) -> np.ndarray:
-    """The matrix of the heads' first-order expansion, ``c sum_h mu_h KQ_h[:d, :d]`` (d, d), from
-    KQ (H,D,D) and OV (H,D) (one output): with p_i ~ (1 + c (s_i - s_bar)) / n the layer is
-    (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T Gamma x_q with this Gamma (chapter 7;
-    c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I it is c sum_h omega_h mu_h I."""
-    kq_, ov_ = _np(kq_), _np(ov_)
-    d = kq_.shape[-1] - 1
-    return c * np.einsum("h,hij->ij", mu(ov_, d), kq_[:, :d, :d])
+from iclnb.engine.readout import mu, proportional_error
+from iclnb.engine.util import check, check_int, check_regression
 
 
 # x ~ N(0, Sigma), beta ~ N(0, I/d), y = beta^T x + eps. Preconditioned GD with a d x d matrix
@@ -107,9 +104,7 @@ def preconditioned_gd_best_step(Sigma, n: int, sigma2: float, debiased: bool = T
     """The best step of the identity preconditioner (plain, unpreconditioned (debiased) GD) for
     x ~ N(0, Sigma): eta = kappa tr(Sigma^2) / tr(Sigma Q), the minimiser of
     :func:`preconditioned_gd_risk` at Gamma = eta I."""
-    S = _sigma(Sigma)
-    kappa, Q = _pgd_moments(S, n, sigma2, debiased)
-    return float(kappa * np.trace(S @ S) / np.trace(S @ Q))
+    return preconditioned_gd_best_multiple(np.eye(_sigma(Sigma).shape[0]), Sigma, n, sigma2, debiased)
 
 
 # ---------------------------------------------------------------------------- the paper's Table 1
@@ -132,3 +127,125 @@ def paper_table1_rows() -> list[list[str]]:
             ["paper, the other columns (range)", ""]
             + [_range(PAPER_T1[key]) for key in ("omega", "mu")] + ["", _range(PAPER_T1["step"])]
             + [""] * 5]
+
+
+# ------------------------------------------------------------------ the effective step, measured
+@dataclass
+class StepFit:
+    """The least-squares fit ``f = bias * y_bar + step * g + r`` of predictions f on fresh prompts,
+    with g the unit-step (preconditioned) debiased GD prediction: ``step`` (K,) the effective step,
+    ``bias`` (K,) the weight of y_bar, ``se`` (K,) the standard error of ``step``, ``resid`` (K,) the
+    residual share E r^2 / E f^2 (0: exactly debiased GD plus a multiple of y_bar)."""
+
+    step: np.ndarray
+    bias: np.ndarray
+    se: np.ndarray
+    resid: np.ndarray
+
+
+def fit_effective_step(predict, prompts, Gamma=None) -> StepFit:
+    """Regress the predictions of ``predict(X, y, xq)`` ((B,) or (K, B) for an ensemble) on the two
+    features y_bar and g = h^T Gamma x_q (h = (1/n) sum_i y_i (x_i - x_bar); Gamma = I by default:
+    the unit-step debiased GD prediction) over ``prompts``. The coefficient of g is the effective
+    step read from what the model predicts, not from its weights (all orders in the scores)."""
+    X, y, xq = prompts.X, prompts.y, prompts.xq
+    d = X.shape[-1]
+    with torch.no_grad():
+        f = torch.atleast_2d(predict(X, y, xq)).double()
+    g = preconditioned_gd_predict(X.double(), y.double(), xq.double(), np.eye(d) if Gamma is None else Gamma)
+    F = torch.stack([y.double().mean(-1), g], -1)  # (B, 2)
+    coef = torch.linalg.lstsq(F, f.T).solution  # (2, K)
+    r = f - (F @ coef).T  # (K, B)
+    B = F.shape[0]
+    cov = torch.linalg.inv(F.T @ F)
+    se = torch.sqrt((r**2).sum(-1) / (B - 2) * cov[1, 1])
+    resid = (r**2).mean(-1) / (f**2).mean(-1)
+    return StepFit(*(t.cpu().numpy() for t in (coef[1], coef[0], se, resid)))
+
+
+def fixed_normaliser_dgd(eta: float, n_train: int):
+    """Debiased GD whose normaliser is fixed at the training length (a linear-attention layer's
+    weights carry 1/n): (eta / n_train) sum_{i<=m} y_i (x_i - x_bar)^T x_q at any length m, that is
+    debiased GD with the step eta m / n_train (the rival of length generalisation)."""
+    check_int("n_train", n_train, 1)
+
+    def predict(X, y, xq):
+        m = X.shape[-2]
+        return preconditioned_gd_predict(X, y, xq, eta * m / n_train * np.eye(X.shape[-1]))
+
+    return predict
+
+
+# -------------------------------------------------------------- part 2: Sigma^-1 and appendix A.2
+def preconditioned_gd_best_multiple(G, Sigma, n: int, sigma2: float, debiased: bool = True) -> float:
+    """The a minimising :func:`preconditioned_gd_risk` at a G (the risk is quadratic in a):
+    a = kappa tr(G^T Sigma^2) / tr(G Sigma G^T Q)."""
+    S, G = _sigma(Sigma), np.asarray(G, dtype=np.float64)
+    kappa, Q = _pgd_moments(S, n, sigma2, debiased)
+    return float(kappa * np.trace(G.T @ S @ S) / np.trace(G @ S @ G.T @ Q))
+
+
+def tridiagonal_mask(d: int) -> np.ndarray:
+    """The (d, d) boolean band |i - j| <= 1 (Sigma^-1 of a KMS matrix lives there)."""
+    i = np.arange(d)
+    return np.abs(i[:, None] - i[None, :]) <= 1
+
+
+def off_tridiagonal_share(M) -> float:
+    """||M off the tridiagonal band||_F / ||M||_F (0 for Sigma^-1 of a KMS covariance)."""
+    M = np.asarray(M, dtype=np.float64)
+    return float(np.linalg.norm(M[~tridiagonal_mask(M.shape[-1])]) / np.linalg.norm(M))
+
+
+def gamma_to_sinv_sweep(Sigma, lengths, sigma2: float) -> np.ndarray:
+    """The proportional error (best multiple) of Gamma*(n) to Sigma^-1 at every n of ``lengths``:
+    it falls to 0 as n grows (Gamma* = n (n Sigma + (tr Sigma + d s2) I)^-1 -> Sigma^-1)."""
+    Sinv = np.linalg.inv(_sigma(Sigma))
+    return np.array([proportional_error(optimal_preconditioner(Sigma, int(m), sigma2), Sinv)[1]
+                     for m in lengths])
+
+
+def kq_preconditioner(kq_, ov_, c: float = 1.0, outputs: int = 1) -> np.ndarray:
+    """The matrix of the heads' first-order expansion, ``c sum_h mu_h KQ_h[:d, :d]`` (d, d), from
+    KQ (H,D,D) and OV (H,D) (one output) or (H,D,T) (D = d + T; the first output's mu): with
+    p_i ~ (1 + c (s_i - s_bar)) / n the layer is (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T
+    Gamma x_q with this Gamma (chapter 7; c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I
+    it is c sum_h omega_h mu_h I."""
+    kq_, ov_ = _np(kq_), _np(ov_)
+    check_int("outputs", outputs, 1)
+    d = kq_.shape[-1] - int(outputs)
+    m = mu(ov_, d, int(outputs))
+    m = m if m.ndim == 1 else m[:, 0]
+    return c * np.einsum("h,hij->ij", m, kq_[:, :d, :d])
+
+
+def length_gaps(curve: dict, ks, n: int, others) -> dict:
+    """Numbers of the risk-against-length curve (:func:`iclnb.analysis.predictors.risk_curve` with
+    the keys "models" (L, K), "dGD at η*" and "dGD j" (dGD at the fitted step of activation j))
+    for the analysed members ``ks`` (one per activation, softmax first) and the non-softmax
+    activations ``others`` (indices into ``ks``): ``own`` the largest |risk / risk of dGD at the
+    own fitted step - 1| at m = n; ``short_lo/hi`` and ``long_lo/hi`` the range over ``others``
+    of risk / risk of dGD at eta* - 1 at the shortest and the longest length (``m_lo``, ``m_hi``);
+    ``sm_short``, ``sm_long`` the same for softmax; ``ratio`` (K,) risk at the longest length /
+    risk at m = n of every activation."""
+    lengths = list(curve["n"])
+    i_n, i_lo, i_hi = lengths.index(n), int(np.argmin(lengths)), int(np.argmax(lengths))
+    models = curve["models"][:, list(ks)]
+    ref = curve["dGD at η*"]
+    own = max(abs(models[i_n, j] / curve[f"dGD {j}"][i_n] - 1) for j in range(len(ks)))
+    rel = models / ref[:, None] - 1
+    others = list(others) or [0]
+    return {"own": float(own), "m_lo": int(lengths[i_lo]), "m_hi": int(lengths[i_hi]),
+            "short_lo": float(rel[i_lo, others].min()), "short_hi": float(rel[i_lo, others].max()),
+            "long_lo": float(rel[i_hi, others].min()), "long_hi": float(rel[i_hi, others].max()),
+            "sm_short": float(rel[i_lo, 0]), "sm_long": float(rel[i_hi, 0]),
+            "ratio": models[i_hi] / models[i_n]}
+
+
+def score_share_below(kq_, prompts, cut: float) -> float:
+    """The share of the scores s_hi = z_i^T KQ_h[:, :d] x_q (every head, token and prompt of
+    ``prompts``) below ``-cut``: where a shifted ReLU max(s + cut, 0) is cut off."""
+    K = torch.as_tensor(_np(kq_), dtype=prompts.Z.dtype, device=prompts.Z.device)
+    d = prompts.xq.shape[-1]
+    S = torch.einsum("bnd,hde,be->hbn", prompts.Z, K[:, :, :d], prompts.xq)
+    return float((S < -cut).double().mean())
