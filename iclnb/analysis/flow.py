@@ -20,7 +20,7 @@ import numpy as np
 
 from iclnb.engine.util import check, check_regression
 
-__all__ = ["loss_constant", "mu_star", "Manifold", "manifold", "asymptotic_step"]
+__all__ = ["loss_constant", "head_array", "mu_star", "Manifold", "manifold", "asymptotic_step"]
 
 
 def loss_constant(n, d, sigma2) -> float:
@@ -29,7 +29,8 @@ def loss_constant(n, d, sigma2) -> float:
     return (1.0 + sigma2) / n
 
 
-def _omegas(name, a) -> np.ndarray:
+def head_array(name, a) -> np.ndarray:
+    """``a`` (a tensor or array of per-head numbers, (..., H)) as a float64 numpy array, checked."""
     if hasattr(a, "detach"):
         a = a.detach().cpu().numpy()
     a = np.asarray(a, dtype=np.float64)
@@ -45,7 +46,7 @@ def mu_star(omega, n: int, d: int, sigma2: float) -> np.ndarray:
     minimum-norm minimiser (pseudo-inverse) is returned.
     """
     c = loss_constant(n, d, sigma2)
-    w = _omegas("omega", omega)
+    w = head_array("omega", omega)
     A = w[..., :, None] * w[..., None, :] + c * np.exp(d * w[..., :, None] * w[..., None, :])
     try:
         return np.linalg.solve(A, w[..., None])[..., 0]

@@ -219,6 +219,10 @@ def _robust_count(data: dict, rec) -> tuple[int, int] | None:
     return sum(kn is not None and robust(*kn) for kn in kns), len(kns)
 
 
+def _has_evidence(data: dict) -> bool:
+    return any(r.get("kind") in ("check", "finding") for r in data.get("claims", []))
+
+
 def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
     """The markdown lines of the Reproducibility page's scorecard.
 
@@ -232,7 +236,9 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
         counts = _counts(data)
         total = [t + c for t, c in zip(total, counts)]
         rc = _robust_count(data, rec)
-        if rc is None:
+        if not _has_evidence(data):
+            cell = "no evidence checks"  # nothing to hold over seeds (e.g. the sweep page)
+        elif rc is None:
             cell = "no record"
             notes.append(f"- {title}: no robustness record (`iclnb robustness {stem} --seeds 0 1 2 3 4`).")
         else:
@@ -255,8 +261,8 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
                                _fmt(r.get("null_value")) if attempted else ""])
     if not chapters:
         return []
-    missing = sum(records[stem][0] is None for _, stem, _ in chapters)
-    summary.append(["**all chapters**", *total, "no record" if missing == len(chapters) else
+    missing = sum(records[stem][0] is None and _has_evidence(data) for _, stem, data in chapters)
+    summary.append(["**all chapters**", *total, "no record" if not robust_total[1] else
                     f"{robust_total[0]} of {robust_total[1]}" + (f" ({missing} chapter(s) without a record)"
                                                                  if missing else "")])
     return (["", "## Scorecard", "",

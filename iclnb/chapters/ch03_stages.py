@@ -30,7 +30,7 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
 from iclnb.analysis.circuits import classify_heads, diag_ratio
-from iclnb.analysis.flow import loss_constant
+from iclnb.analysis.flow import head_array, loss_constant
 from iclnb.engine.tasks import LinearRegression
 from iclnb.engine.util import check, check_int, check_real
 
@@ -43,16 +43,8 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------ the loss
-def _arr(name, a) -> np.ndarray:
-    if hasattr(a, "detach"):
-        a = a.detach().cpu().numpy()
-    a = np.asarray(a, dtype=np.float64)
-    check(name, a.shape, a.ndim >= 1 and a.shape[-1] >= 1, "an array (..., H) with H at least 1")
-    return a
-
-
 def _pair(omega, mu) -> tuple[np.ndarray, np.ndarray]:
-    w, m = _arr("omega", omega), _arr("mu", mu)
+    w, m = head_array("omega", omega), head_array("mu", mu)
     check("mu", m.shape, m.shape[-1] == w.shape[-1], f"an array (..., H) with H = {w.shape[-1]}, as omega")
     try:
         shape = np.broadcast_shapes(w.shape, m.shape)
@@ -294,7 +286,7 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
         spread = np.where(n_live > 0, np.where(alive, a, -np.inf).max(1) / np.where(alive, a, np.inf).min(1), np.nan)
     diag = None
     if kq is not None:
-        K = _arr("kq", kq)
+        K = head_array("kq", kq)
         check("kq", K.shape, K.ndim == 4 and K.shape[:2] == (n_log, H) and K.shape[2] == K.shape[3] >= 2,
               f"an array (steps, H, D, D) with n_log = {n_log}, H = {H}")
         r = diag_ratio(K, K.shape[-1] - outputs)
@@ -358,7 +350,7 @@ def fit_time_scale(steps, omega, traj: Trajectory, frac: float = 0.5) -> tuple[f
     the peak; how the later parts compare is then a finding, not a fit.
     """
     check_real("frac", frac, strict=True)
-    w = _arr("omega", omega)
+    w = head_array("omega", omega)
     steps = np.asarray(steps, dtype=np.float64)
     check("omega", w.shape, w.ndim == 2 and w.shape[0] == steps.size, f"an array (steps, H) with n_log = {steps.size}")
     h1, h2 = _landmarks(steps, np.abs(w).mean(1), frac)

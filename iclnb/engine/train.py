@@ -147,7 +147,8 @@ class TrainConfig:
         return list(self.init_seeds) if self.init_seeds is not None else [derive_seed(self.seed, "init")] * self.K
 
     def member(self, k: int) -> TrainConfig:
-        """The config that trains member k alone (same init and task; a shared stream stays the same)."""
+        """The config that trains member k alone (same init and task; a shared stream stays the same,
+        a per-member stream does not: see :func:`prompt_stream`)."""
         seeds = None if self.init_seeds is None else (self.init_seeds[k],)
         mp = None if self.member_params is None else (self.member_params[k],)
         return replace(self, heads=(self.heads[k],), init_seeds=seeds, member_params=mp)
@@ -207,9 +208,11 @@ def build_model(cfg: TrainConfig, device=None, check_only: bool = False) -> torc
 def prompt_stream(cfg: TrainConfig, device, dtype):
     """(``next_batch()`` -> Prompts of the config's data stream, the generators it draws from).
 
-    A shared stream draws from one generator, ``derive_seed(seed, "data")``; per-member streams
-    each from their own, ``derive_seed(seed, "data", k)``, on the training device (CPU or CUDA),
-    so a member draws the same prompts in an ensemble as alone. On CUDA these generators are
+    A shared stream draws from one generator, ``derive_seed(seed, "data")``, so a member draws
+    the same prompts in an ensemble as alone (``cfg.member(k)``); per-member streams each draw from
+    their own, ``derive_seed(seed, "data", k)`` for member k, on the training device (CPU or
+    CUDA), so member k trained alone (``cfg.member(k)``, where it is member 0) draws other prompts
+    than in the ensemble: the same distribution, not the same numbers. On CUDA these generators are
     registered with the graph before capture (PyTorch's graph-safe RNG), so the captured and the
     eager step draw the same numbers.
     """
