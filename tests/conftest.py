@@ -4,7 +4,7 @@ runs of chapters through papermill."""
 import os
 
 import pytest
-from fake_chapter import front_matter
+from fake_chapter import front_matter, write_chapter
 
 from iclnb.bookkit import runner
 
@@ -82,6 +82,4 @@ claims.finish()
 @pytest.fixture
 def chapter(tmp_path):
     """The synthetic chapter 98, written to ``tmp_path``."""
-    path = tmp_path / "98_synthetic.md"
-    path.write_text(SYNTHETIC_CHAPTER)
-    return runner.Chapter(98, "98_synthetic", path)
+    return write_chapter(tmp_path, "98_synthetic", SYNTHETIC_CHAPTER)

@@ -3,7 +3,7 @@ dies in a cell is not, and many short runs started at once all finish."""
 
 import pytest
 import zmq
-from fake_chapter import front_matter
+from fake_chapter import front_matter, write_chapter
 
 from iclnb.bookkit import runner, sweep
 
@@ -29,9 +29,7 @@ print(seed)
 
 @pytest.fixture
 def tiny(tmp_path):
-    path = tmp_path / "97_tiny.md"
-    path.write_text(TINY)
-    return runner.Chapter(97, "97_tiny", path)
+    return write_chapter(tmp_path, "97_tiny", TINY)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from fake_chapter import front_matter
+from fake_chapter import front_matter, write_chapter
 
 from iclnb.bookkit import robustness, runner
 from iclnb.bookkit.cli import main
@@ -40,9 +40,7 @@ claims.save()  # the JSON the runner reads (finish() would also show the table)
 
 @pytest.fixture
 def seeded(tmp_path):
-    path = tmp_path / "96_seeded.md"
-    path.write_text(SEEDED)
-    return runner.Chapter(96, "96_seeded", path)
+    return write_chapter(tmp_path, "96_seeded", SEEDED)
 
 
 def test_a_record_per_seed_resumed_read_back_and_stale(seeded, tmp_path):

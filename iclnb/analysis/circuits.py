@@ -250,6 +250,7 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         r["class"] = c
     live = [r for r in rows if r["class"] != "dummy"]
     abs_mu = float(np.abs(mu).sum())
+    effective, linearized = effective_gd_step(omega, mu, classes), linearized_step(omega, mu)
     return {
         "heads": rows,
         "classes": classes,
@@ -257,11 +258,10 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "mu": mu,
         "sum_mu": float(mu.sum()),
         "mu_balance": abs(float(mu.sum())) / abs_mu if abs_mu > 0 else float("nan"),
-        "effective_step": effective_gd_step(omega, mu, classes),
-        "linearized_step": linearized_step(omega, mu),
+        "effective_step": effective,
+        "linearized_step": linearized,
         # the step of the model's GD expansion: the pair's step, or sum_h omega_h mu_h without a pair
-        "gd_step": (effective_gd_step(omega, mu, classes) if "positive" in classes and "negative" in classes
-                    else linearized_step(omega, mu)),
+        "gd_step": effective if "positive" in classes and "negative" in classes else linearized,
         "min_diag_ratio": min((r["diag_ratio"] for r in live), default=float("nan")),
         "max_diag_homogeneity": max((r["diag_homogeneity"] for r in live), default=float("nan")),
         "min_ov_last_ratio": min((r["ov_last_ratio"] for r in live), default=float("nan")),

@@ -34,6 +34,7 @@ import subprocess
 from pathlib import Path
 
 from iclnb.bookkit import runner, sweep
+from iclnb.bookkit.scorecard import robust
 
 RECORDS = runner.ROOT / "book" / "robustness"
 SEEDS = (0, 1, 2, 3, 4)
@@ -163,8 +164,7 @@ def summary(record: dict) -> list[str]:
     lines = [f"  {cid:32s} {e['kind']:8s} holds at {k} of {n} seeds"
              for cid, e in record["claims"].items() if e.get("kind") in ("check", "finding", "sanity")
              for k, n in [pass_rate(e)]]
-    weak = [cid for cid, e in record["claims"].items() if e.get("kind") == "check"
-            and pass_rate(e)[0] < 0.8 * pass_rate(e)[1]]
+    weak = [cid for cid, e in record["claims"].items() if e.get("kind") == "check" and not robust(*pass_rate(e))]
     if weak:
         lines.append(f"  evidence checks holding at fewer than 80% of the seeds: {', '.join(weak)}")
     lines += [f"  seed {s} failed: {err}" for s, err in record.get("errors", {}).items()]

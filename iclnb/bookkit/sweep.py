@@ -119,7 +119,8 @@ def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str,
     source = source_sha256(chapter.path)
     r = runner.run_chapter(chapter, params, output=out / f"{name}.ipynb", preset=preset, log=lambda *_: None,
                            progress=False, warn=lambda m: print(f"{name}: {m}", file=sys.stderr, flush=True))
-    device = r.parameters.get("device", {p.name: p.default for p in chapter.parameters()}.get("device"))
+    device = r.parameters["device"] if "device" in r.parameters else (
+        {p.name: p.default for p in chapter.parameters()}.get("device"))  # the defaults parsed only when needed
     record = {"name": name, "chapter": chapter.slug, "params": params, "preset": preset or "",
               "seconds": round(r.seconds, 2), "error": r.error, "ok": r.ok, "claims": r.claims,
               "notebook": str(r.output), "host": os.uname().nodename, "source_sha256": source,

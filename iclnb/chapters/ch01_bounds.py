@@ -454,7 +454,6 @@ def lemma_audit_experiment(n: int, d: int, Rs: Sequence[float], instances: int =
     return {"rows": rows, "raw": raw, "all_hold": all(r["holds"] for r in rows)}
 
 
-
 def by_lemma(rows: list[dict], order: Sequence[str]) -> list[dict]:
     """The rows of :func:`lemma_audit_experiment` sorted by lemma (in ``order``), then by R."""
     return sorted(rows, key=lambda r: (order.index(r["lemma"]), r["R"]))
@@ -463,6 +462,7 @@ def by_lemma(rows: list[dict], order: Sequence[str]) -> list[dict]:
 def slack_text(values) -> str:
     """Log10 slacks joined as "a / b / ..." with one decimal (a table cell)."""
     return " / ".join(f"{x:.1f}" for x in values)
+
 
 # =========================================================================== the two-row construction
 def two_row_gap(n: int, R: float) -> float:

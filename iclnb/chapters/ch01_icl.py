@@ -275,16 +275,17 @@ def layer_trajectory(history, k: int, tasks: dict, task: SoftmaxRegression, ever
     return rows
 
 
+def _predictions(m, tasks: dict, chunk: int) -> torch.Tensor:
+    """``m.predict`` (no sensitivities) on the held-out ``tasks``, ``chunk`` tasks at a time, float64."""
+    t = tasks
+    return torch.cat([m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk]).double()
+                      for i in range(0, t["A"].shape[0], chunk)])
+
+
 def heldout_mse(predictors, tasks: dict, chunk: int = 250) -> list[float]:
     """The mean squared error to ``y_q`` of each predictor (objects with ``predict(A, b, Aq)``, e.g.
     :class:`CircuitLayer`) on the held-out ``tasks`` (:func:`icl_tasks`), without sensitivities."""
-    t = tasks
-    out = []
-    for m in predictors:
-        y = torch.cat([m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk]).double()
-                       for i in range(0, t["A"].shape[0], chunk)])
-        out.append(float(((y - t["yq"].double()) ** 2).mean()))
-    return out
+    return [float(((_predictions(m, tasks, chunk) - tasks["yq"].double()) ** 2).mean()) for m in predictors]
 
 
 def fitted_steps(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
@@ -297,12 +298,8 @@ def fitted_steps(tasks: dict, predictors: dict, chunk: int = 250) -> dict:
     step-size match, the same reading given to a predictor with no GD in it."""
     t = tasks
     g1 = gd_predict(t["A"], t["b"], t["Aq"], 1.0)[0].double()
-    out = {}
-    for name, m in predictors.items():
-        y = torch.cat([m.predict(t["A"][i:i + chunk], t["b"][i:i + chunk], t["Aq"][i:i + chunk]).double()
-                       for i in range(0, t["A"].shape[0], chunk)])
-        out[name] = float((y * g1).sum() / (g1 * g1).sum()) / float(t["eta"])
-    return out
+    return {name: float((_predictions(m, t, chunk) * g1).sum() / (g1 * g1).sum()) / float(t["eta"])
+            for name, m in predictors.items()}
 
 
 def escape_rate_bound(escaped: int, trials: int, level: float = 0.95) -> float:

@@ -42,7 +42,6 @@ from iclnb.engine.util import check, check_choice, check_int, check_real, genera
 SMALL_STEP = 0.01  # the paper's small-step condition: ||A (x_{t+1} - x_t)||_inf < 0.01
 
 
-
 # =========================================================================== core objects
 def logits(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``A x`` for batched ``A`` (..., n, d) and ``x`` (..., d) -> (..., n)."""
@@ -357,6 +356,3 @@ def sign_slip_demo(n: int, d: int, R: float, instances: int = 16, steps: int = 5
         t = gd_trajectory(inst["A"], inst["x"], inst["b"], eta, steps, R=R, sign=sign)
         out[name] = t["loss"].mean(-1).cpu().tolist()
     return out
-
-
-# =========================================================================== in-context learning

@@ -31,7 +31,16 @@ import torch
 
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
-from iclnb.engine.util import check, check_int, check_real, check_reals, generator, power_law_fit, rank_correlation
+from iclnb.engine.util import (
+    _average_ranks,
+    check,
+    check_int,
+    check_real,
+    check_reals,
+    generator,
+    power_law_fit,
+    rank_correlation,
+)
 
 
 def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
@@ -173,20 +182,11 @@ class RankChance:
     alpha: float  # the tail probability of ``level``
 
 
-def _ranks(v: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share the mean of their positions), as ``rank_correlation`` ranks."""
-    order = np.argsort(v, kind="stable")
-    ranks = np.empty(len(v))
-    ranks[order] = np.arange(len(v), dtype=float)
-    _, inverse = np.unique(v, return_inverse=True)
-    return np.bincount(inverse, weights=ranks)[inverse] / np.bincount(inverse)[inverse]
-
-
 def _rank_distribution(x, y, num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The values and probabilities of rank_correlation(x, y[perm]) over the orderings of y: every
     permutation when there are at most 8! of them, else ``num`` random ones (seeded)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
-    rx, ry = _ranks(x), _ranks(y)
+    rx, ry = _average_ranks(x), _average_ranks(y)  # as rank_correlation ranks
     rx, ry = rx - rx.mean(), ry - ry.mean()
     den = float(np.sqrt((rx @ rx) * (ry @ ry)))
     if len(y) <= 8:

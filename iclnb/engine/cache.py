@@ -115,7 +115,6 @@ def _load(path: Path, cfg: TrainConfig, model):
             raise ValueError("the entry belongs to another config")
         with torch.no_grad():
             model.flat.copy_(entry["flat"])
-        with torch.no_grad():
             shapes = {k: tuple(v.shape) for k, v in model.snapshot().items()}
         logs = {k: entry[k] for k in ("steps", "loss", *shapes)}
         S = len(range(0, cfg.steps, cfg.log_every)) + 1  # logged steps

@@ -473,17 +473,16 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
     path = cache_path(cfg) if cache else None
     with _entry_lock(path) if cache else contextlib.nullcontext():
         hit = _load(path, cfg, model) if cache else None
-        if untrained:
-            with cpu_threads(model.flat.device):
-                logs, _ = _fit(cfg, model, show_bar(progress), cuda_graphs=False, frozen=True)
-            train_seconds, training = time.perf_counter() - t0, dict(_UNTRAINED)
-        elif hit is not None:
+        if hit is not None:
             logs, train_seconds, training = hit
         else:
             with cpu_threads(model.flat.device):
-                logs, training = _fit(cfg, model, show_bar(progress), cuda_graphs)
+                logs, training = _fit(cfg, model, show_bar(progress), False if untrained else cuda_graphs,
+                                      frozen=untrained)
             train_seconds = time.perf_counter() - t0
-            if cache:
+            if untrained:
+                training = dict(_UNTRAINED)
+            elif cache:
                 _save(path, cfg, model, logs, train_seconds, training)
     _record_run(cfg, model.flat.device, hit is not None, training, untrained)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
