@@ -249,3 +249,23 @@ def test_draw_prompts_and_best_scale():
     assert best["risk"] <= min(risks) + 1e-9  # no point near it does better
     assert best["risk"] <= best["grid_risks"].min() and best["scale"] > 0
     np.testing.assert_allclose(best["errors"].mean(), best["risk"])
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_zero_direction_normal_gives_a_unit_direction(rank):
+    # normal_ returns an exact 0.0 about once in 2^24 draws (chapter 5's paper preset met one at
+    # step 1318 of a rank-1 unit's stream: 0/0 made the labels NaN); the direction stays a unit
+    # vector of col(W), and the other draws are untouched (q / |q| is exactly +-1 for rank 1)
+    from iclnb.engine.tasks import _directions
+
+    t = LipschitzRegression(d=4, n=8, function="quadratic", rank=rank, sigma=0.0)
+    q = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(0))
+    q[0, 2, :rank] = 0.0
+    w = _directions([t], q.clone(), "cpu", torch.float32)
+    assert torch.isfinite(w).all()
+    if rank == 1:
+        np.testing.assert_allclose(w.norm(dim=-1).numpy(), 1.0, rtol=1e-6)
+        a = q[0, :, :1] / q[0, :, :1].norm(dim=-1, keepdim=True)
+        W = t.subspace.T.to(torch.float32)
+        keep = [0, 1, 3, 4, 5]
+        torch.testing.assert_close(w[0, keep], (a * W[0])[keep], rtol=0, atol=0)

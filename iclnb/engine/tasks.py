@@ -409,7 +409,8 @@ def _covariates(tasks, us, device):
 
 def _directions(tasks, q, device, dtype):
     """Stage 2: w (K,B,d) from drawn normals q (K,B,d): rank 0, w = q / |q|; rank k, a = the first
-    k normals over their norm (uniform on S^(k-1)) and w = W a, W the member's subspace."""
+    k normals over their norm (uniform on S^(k-1); for k = 1 the sign, +1 for an exact zero) and
+    w = W a, W the member's subspace."""
     if all(t.rank == 0 for t in tasks):
         return q / q.norm(dim=-1, keepdim=True)
     w = torch.empty_like(q)
@@ -420,7 +421,10 @@ def _directions(tasks, q, device, dtype):
             w[sl] = q[sl] / q[sl].norm(dim=-1, keepdim=True)
             continue
         a = q[sl][..., : t0.rank]
-        a = a / a.norm(dim=-1, keepdim=True)
+        if t0.rank == 1:  # the sign; an exact 0.0 from normal_ (about 1 draw in 2^24) gives +1, not 0/0
+            a = torch.where(a < 0, -1.0, 1.0).to(a.dtype)
+        else:
+            a = a / a.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
         Wt = constant(("subspace-t", t0.d, t0.rank, t0.subspace_seed), device, dtype, lambda: t0.subspace.T)
         s = a[..., 0:1] * Wt[0]
         for j in range(1, t0.rank):
