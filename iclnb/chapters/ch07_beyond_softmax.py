@@ -11,8 +11,9 @@ predictor (:func:`preconditioned_gd_predict`), its Monte Carlo least-squares fit
 and the n-sweep of Gamma* towards Sigma^-1 (:func:`gamma_to_sinv_sweep`); the effective step
 read from what a model predicts (:func:`fit_effective_step`), the fixed-normaliser rival of
 length generalisation (:func:`fixed_normaliser_dgd`, :func:`length_gaps`), the tridiagonal
-share of appendix A.2 (:func:`off_tridiagonal_share`) and the shifted ReLU's cut-off share
-(:func:`score_share_below`).
+share of appendix A.2 (:func:`off_tridiagonal_share`), the shifted ReLU's cut-off share
+(:func:`score_share_below`) and the four circuit patterns read the same way from the trained
+models and from their rival, trained linear attention (:func:`pattern_stats`).
 """
 
 from __future__ import annotations
@@ -249,3 +250,32 @@ def score_share_below(kq_, prompts, cut: float) -> float:
     d = prompts.xq.shape[-1]
     S = torch.einsum("bnd,hde,be->hbn", prompts.Z, K[:, :, :d], prompts.xq)
     return float((S < -cut).double().mean())
+
+
+# ------------------------------------------------- the circuit patterns, models and rival alike
+def pattern_stats(summaries) -> dict:
+    """The chapter's four circuit patterns over ``summaries`` (one result per model of
+    :func:`iclnb.analysis.circuits.summarize_circuits`, or of
+    :func:`iclnb.analysis.circuits.metrics_of_heads` for the same heads at initialisation),
+    reduced the same way for the trained models, their rival and their initialisations:
+    ``sign_match`` the fraction of the live (non-dummy) heads of all models with
+    sign(omega_h) = sign(mu_h), ``mu_balance`` the largest |sum_h mu_h| / sum_h |mu_h|,
+    ``min_diag_ratio`` and ``min_ov_last_ratio`` the smallest KQ diagonal ratio and OV
+    last-entry ratio of a live head (NaN where nothing is live)."""
+    summaries = list(summaries)
+    check("summaries", len(summaries), len(summaries) >= 1, "at least one model's summary")
+    matched = live = 0
+    for s in summaries:
+        if "n_live" in s:  # metrics_of_heads
+            matched, live = matched + s["n_sign_match"], live + s["n_live"]
+        else:
+            rows = [r for r, c in zip(s["heads"], s["classes"]) if c != "dummy"]
+            matched, live = matched + sum(bool(r["sign_match"]) for r in rows), live + len(rows)
+
+    def pick(f, key):
+        v = [float(s[key]) for s in summaries if not np.isnan(s[key])]
+        return f(v) if v else float("nan")
+
+    return {"sign_match": matched / live if live else float("nan"),
+            "mu_balance": pick(max, "mu_balance"), "min_diag_ratio": pick(min, "min_diag_ratio"),
+            "min_ov_last_ratio": pick(min, "min_ov_last_ratio")}
