@@ -25,7 +25,9 @@ def setup():
 
 def test_tolerance_and_head_kernels(setup):
     task, p, W, ref, ref_sh = setup
-    assert sp.tolerance(0.5, 4.0) == pytest.approx(0.0125)
+    tol_sup, tol_sh, dist = sp.midpoint_tolerances(ref, ref_sh)
+    assert tol_sup == pytest.approx(dist / 4)  # half the distance, squared
+    assert tol_sh * float((ref_sh**2).mean()) == pytest.approx(tol_sup * float((ref**2).mean()))
     om, mu = 0.05 * np.stack([S1, -S1]), np.array([[3.0, 1.0], [-2.0, 0.5]])
     kern = sp.head_kernels(p.X, p.y, p.xq, om)
     assert kern.shape == (3000, 2, 2)

@@ -193,3 +193,39 @@ def test_the_papers_table_2_is_superposition():
     g = sp.group_omega(om, sp.coordinate_groups(SUP, 6))  # our order: task 1 only, shared, task 2 only
     np.testing.assert_allclose(g[2], [-0.0837, 0.0152, 0.0927])
     assert sp.paper_layout(g, mu, sp.coordinate_groups(SUP, 6))
+
+
+# ---- the derived tolerance and the structure readings --------------------------------------------
+def _rel(f, r):
+    return float(((f - r) ** 2).mean() / (r**2).mean())
+
+
+def test_midpoint_tolerances_separate_the_references():
+    """Half the distance between the references: a prediction within it of one is nearer that one,
+    the two balls do not meet, and the midpoint sits on both boundaries."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4000, 2, generator=g, dtype=F64)
+    b = a + 0.3 * torch.randn(4000, 2, generator=g, dtype=F64)
+    tol_a, tol_b, dist = sp.midpoint_tolerances(a, b)
+    assert dist == pytest.approx(_rel(b, a)) and tol_a == pytest.approx(dist / 4)
+    assert tol_b == pytest.approx(_rel(a, b) / 4)
+    mid = (a + b) / 2
+    assert _rel(mid, a) == pytest.approx(tol_a) and _rel(mid, b) == pytest.approx(tol_b)
+    for _ in range(20):  # random points just inside a's ball are nearer a than b, outside b's
+        u = torch.randn(a.shape, generator=g, dtype=F64)
+        f = a + 0.999 * u * (tol_a * float((a**2).mean()) / float((u**2).mean())) ** 0.5
+        assert _rel(f, a) < tol_a and ((f - a) ** 2).mean() < ((f - b) ** 2).mean() and _rel(f, b) > tol_b
+    with pytest.raises(ValueError):
+        sp.midpoint_tolerances(a, a.clone())
+
+
+def test_structure_readings():
+    W = np.array([0.9 * S1, 0.9 * S2])
+    assert sp.preconditioner_deviation(W, W) == 0.0
+    assert sp.preconditioner_deviation(np.full(6, 0.85), W) == pytest.approx(0.85)
+    assert sp.mu_balance([[2.0, 1.0], [-2.0, -0.5]]) == pytest.approx(0.5 / 1.5)
+    assert sp.mu_balance([[2.0, 1.0]]) == 1.0 and sp.mu_balance([[0.0, 0.0]]) == 0.0
+    st = sp.Structure(*(np.array(v) for v in ([0.1, 0.5], [0, 0], [0.01, 0.04], [0, 0], [0, 0])))
+    np.testing.assert_allclose(sp.structure_score(st, 0.4, 0.05), [0.25, 1.25])
+    with pytest.raises(ValueError):
+        sp.structure_score(st, 0.0, 0.05)

@@ -6,7 +6,8 @@ the paper's (5.8), by its per-coordinate KQ diagonal omega_h (d,) and its OV lab
 Linearising the softmax, task t is predicted by debiased GD with the diagonal preconditioner
 Gamma_t = sum_h mu_ht omega_h (:func:`effective_preconditioner`) plus (sum_h mu_ht) y_bar_t.
 
-The rules (fixed before any run, stated in chapter 6):
+The share rules (the chapter's first reading, with chosen shares; chapter 6 now reads a run's mode
+from its kernel sum, :func:`read_run`, with the tolerance of :func:`midpoint_tolerances`):
 
 * head h's **share** of task t is a_ht = |mu_ht| ||omega_h||, over the largest a of the model;
   the head **serves** task t when that share is at least ``serve`` (default 0.2);
@@ -200,16 +201,24 @@ def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, 
 
 # --------------------------------------------------------------------------- the derived reading
 # Chapter 6's modes, read from what each run computes rather than from a chosen share of |mu| ||omega||.
-# One tolerance decides everything: a predictor at relative MSE eps from a reference, with its deviation
-# uncorrelated with the reference's error, has eps E ref^2 more risk; ``tolerance`` allows ``excess`` (10%,
-# chosen) of the reference's noiseless risk.
+# The tolerance is derived from the two references the rule must tell apart (``midpoint_tolerances``):
+# a kernel sum within half their distance of one reference is nearer it than the other (triangle
+# inequality), and no kernel sum can be within that of both.
 
 
-def tolerance(noiseless_risk: float, ref_power: float, excess: float = 0.1) -> float:
-    """The relative MSE eps = excess R0 / E ref^2 at which a predictor at distance eps from a
-    reference has ``excess`` times the reference's noiseless risk R0 on top of it."""
-    check("ref_power", ref_power, is_real(ref_power) and ref_power > 0, "a positive number")
-    return float(excess) * float(noiseless_risk) / float(ref_power)
+def midpoint_tolerances(ref_sup: torch.Tensor, ref_shared: torch.Tensor) -> tuple[float, float, float]:
+    """(tol_sup, tol_shared, dist) from the two references' predictions (B,T) on the reading prompts.
+
+    With Delta^2 = mean (ref_sup - ref_shared)^2, a prediction f with mean (f - ref_sup)^2 below
+    Delta^2 / 4 is nearer ref_sup than ref_shared: sqrt mean (f - ref_shared)^2 >= Delta - Delta/2.
+    Delta / 2 is the largest radius with this property (the midpoint is at Delta / 2 from both), and
+    the two balls are disjoint. In relative MSE to each reference: tol_sup = Delta^2 / (4 mean
+    ref_sup^2), tol_shared = Delta^2 / (4 mean ref_shared^2); ``dist`` is ref_shared's relative MSE to
+    ref_sup, Delta^2 / mean ref_sup^2 (so tol_sup = dist / 4)."""
+    gap = float(((ref_sup - ref_shared) ** 2).mean())
+    check("ref_sup", gap, gap > 0, "references that differ")
+    p_sup, p_sh = float((ref_sup**2).mean()), float((ref_shared**2).mean())
+    return gap / (4 * p_sup), gap / (4 * p_sh), gap / p_sup
 
 
 def head_kernels(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega) -> torch.Tensor:
@@ -455,14 +464,32 @@ def paper_group_order(groups) -> list:
     return [names.index("task 1 only"), names.index("task 2 only"), names.index("shared")]
 
 
+def preconditioner_deviation(gamma, w_sup) -> float:
+    """max_{t,j} |Gamma_tj - eta*_t 1_{S_t}(j)|: how far a run's effective preconditioners (T,d), or
+    one shared preconditioner (d,) used for every task, are from independent debiased GD on the
+    supports ``w_sup`` (T,d), in the max norm."""
+    g, w = np.asarray(gamma, dtype=np.float64), np.asarray(w_sup, dtype=np.float64)
+    return float(np.abs(np.broadcast_to(g, w.shape) - w).max())
+
+
+def mu_balance(mu) -> float:
+    """max_t |sum_h mu_ht| / sum_h |mu_ht| (chapter 2's zero-sum reading, per task): 0 for heads
+    whose label weights cancel for every task, 1 when they all have one sign; ``mu`` (H,T)."""
+    m = np.asarray(mu, dtype=np.float64)
+    den = np.abs(m).sum(0)
+    return float(np.max(np.abs(m.sum(0)) / np.where(den > 0, den, 1.0)))
+
+
 @dataclass(frozen=True)
 class Structure:
-    """Per run: max |Gamma_t - eta*_t 1_{S_t}| (``gamma_dev``), max_t |sum_h mu_ht| (``mu_sum``),
-    the largest range of omega_h within a coordinate group over the largest |omega| of the run
+    """Per run: max |Gamma_t - eta*_t 1_{S_t}| (``gamma_dev``, :func:`preconditioner_deviation`),
+    max_t |sum_h mu_ht| (``mu_sum``), max_t |sum_h mu_ht| / sum_h |mu_ht| (``mu_balance``), the
+    largest range of omega_h within a coordinate group over the largest |omega| of the run
     (``group_spread``) and the relative MSE between the model and its kernel sum (``rebuild``)."""
 
     gamma_dev: np.ndarray
     mu_sum: np.ndarray
+    mu_balance: np.ndarray
     group_spread: np.ndarray
     rebuild: np.ndarray
 
@@ -470,13 +497,22 @@ class Structure:
 def structure(omega, mu, w_sup, groups, model_out: torch.Tensor, prompts) -> Structure:
     """The first-order structure of every run (:class:`Structure`); ``model_out`` (K,B,T) is the
     models' output on ``prompts``, ``w_sup`` (T,d) eta*_t 1_{S_t}."""
-    dev, ms, spread, reb = [], [], [], []
+    dev, ms, bal, spread, reb = [], [], [], [], []
     for k, (om, m) in enumerate(zip(omega, mu)):
         om, m = np.asarray(om, dtype=np.float64), np.asarray(m, dtype=np.float64)
-        dev.append(float(np.abs(effective_preconditioner(om, m) - w_sup).max()))
+        dev.append(preconditioner_deviation(effective_preconditioner(om, m), w_sup))
         ms.append(float(np.abs(m.sum(0)).max()))
+        bal.append(mu_balance(m))
         top = float(np.abs(om).max()) or 1.0
         spread.append(max(float(np.ptp(om[:, cols], axis=-1).max()) for _, cols in groups) / top)
         ks = diag_kernel_sum_predict(prompts.X, prompts.y, prompts.xq, om, m)
         reb.append(_rel(ks, model_out[k]))
-    return Structure(*(np.array(v) for v in (dev, ms, spread, reb)))
+    return Structure(*(np.array(v) for v in (dev, ms, bal, spread, reb)))
+
+
+def structure_score(st: Structure, gamma_tol: float, balance_tol: float) -> np.ndarray:
+    """Per run, the larger of ``gamma_dev / gamma_tol`` and ``mu_balance / balance_tol`` (K,): at
+    most 1 when both first-order readings of (A.1) hold at once."""
+    check("gamma_tol", gamma_tol, is_real(gamma_tol) and gamma_tol > 0, "a positive number")
+    check("balance_tol", balance_tol, is_real(balance_tol) and balance_tol > 0, "a positive number")
+    return np.maximum(st.gamma_dev / gamma_tol, st.mu_balance / balance_tol)
