@@ -200,3 +200,37 @@ def test_pair_fraction_and_member_summaries():
     got = ch2.member_summaries(Two([w2, w3]), [2, 3])
     assert set(got) == {2, 3} and got[2]["n_positive"] == 1 and got[3]["n_negative"] == 2
     assert ch2.pooled_sign_match(got.values()) == 1.0
+
+
+def test_best_scale_is_least_squares_with_its_standard_error():
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=200_000)
+    y = 1.25 * f + rng.normal(size=f.size)  # c* = 1.25, residual variance 1
+    c, se = ch2.best_scale(f, y)
+    assert c == pytest.approx(float(f @ y / (f @ f)))
+    assert c == pytest.approx(1.25, abs=4 * se)
+    assert se == pytest.approx(1 / math.sqrt(f.size), rel=0.02)  # sd(eps f) / E f^2 / sqrt(N)
+
+
+def test_single_head_readings_against_the_exact_best_weight():
+    def mu_star(om, n, d, s2):  # a stand-in for Prop. 4.1's formula: 0.9 of the trained weight
+        return np.asarray([0.9 * 2.0])
+
+    s = {"omega": np.array([0.5]), "mu": np.array([2.0])}
+    got = ch2.single_head_readings([s], [(1.0, 0.01)], mu_star, 40, 5, 0.25, eta_dgd=1.1)
+    assert got["formula"] == pytest.approx(0.1)  # |1.8 / 2 - 1|
+    assert got["gd"] == pytest.approx(0.1)  # |1.1 / 0.5 / 2 - 1|
+    assert got["c_dev"] == 0 and got["c_z"] == 0
+    # d/dc (|0.9 / c - 1| - |1.1 / c - 1|) at c = 1 is 0.9 + 1.1
+    assert got["se"] == pytest.approx((0.9 + 1.1) * 0.01)
+
+
+def test_restart_spread_takes_only_paired_restarts():
+    rng = np.random.default_rng(2)
+    base = rng.exponential(size=5_000)
+    err = {0: base, 1: base * 1.002, 2: base * 1.5, 3: base, 4: base * 1.001}
+    # H = 2: members 0 and 1 paired; H = 3: one paired restart (3), member 2 left out;
+    # H = 4: nothing paired
+    spread, se = ch2.restart_spread(err, {2: [0, 1], 3: [3], 4: []}, [2, 3, 4])
+    assert spread == pytest.approx(0.002) and se > 0
+    assert ch2.restart_spread(err, {2: [0]}, [2]) == (0.0, 0.0)

@@ -40,7 +40,7 @@ __all__ = [
     "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
     "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
     "relative_spread", "summary_text", "member_summaries", "pooled_sign_match", "binomial_upper",
-    "spread_se", "pair_fraction",
+    "spread_se", "pair_fraction", "best_scale", "single_head_readings", "restart_spread",
 ]
 
 
@@ -283,3 +283,54 @@ def pair_fraction(states) -> float:
     """The fraction of the states (:func:`pair_state` results) that are "pair" (NaN for none)."""
     states = list(states)
     return sum(st == "pair" for st in states) / len(states) if states else float("nan")
+
+
+def best_scale(pred, target) -> tuple[float, float]:
+    """(c*, its standard error): the least-squares multiple c* = E[y f] / E[f^2] of the
+    predictions ``pred`` for the targets ``target`` over the prompts (a model's output is linear
+    in its OV block, so c* x mu is the model's exact best label weight with every other weight
+    fixed); the s.e. by the delta method of the ratio over the prompts."""
+    f = np.asarray(pred, dtype=float)
+    y = np.asarray(target, dtype=float)
+    b = float(np.mean(f * f))
+    c = float(np.mean(y * f)) / b
+    psi = (y * f - c * f * f) / b
+    return c, float(psi.std(ddof=1) / math.sqrt(f.size))
+
+
+def single_head_readings(summaries: Sequence[Mapping], scales, mu_star: Callable, n: int, d: int, sigma2: float,
+                         eta_dgd: float) -> dict:
+    """The single heads' label weights against the exact best weight c* mu at their trained omega
+    (``scales``: :func:`best_scale` of each head's predictions). Returns ``formula``: the largest
+    |mu*_1(omega) / (c* mu) - 1| (Prop. 4.1's best weight under the approximate loss;
+    ``mu_star(omega, n, d, sigma2)``), ``gd``: the smallest |eta_dgd / omega / (c* mu) - 1| (the head
+    read as one debiased-GD step), ``se``: the largest s.e. of a head's difference of the two
+    (delta method in c*), ``c_dev``: the largest |c* - 1|, ``c_z``: the largest |c* - 1| / s.e."""
+    formula, gd, se, c_dev, c_z = [], [], [], [], []
+    for s, (c, c_se) in zip(summaries, scales):
+        om, mu = float(s["omega"][0]), float(s["mu"][0])
+        a_f, a_g = float(mu_star(s["omega"], n, d, sigma2)[0]) / mu, eta_dgd / om / mu
+        formula.append(abs(a_f / c - 1))
+        gd.append(abs(a_g / c - 1))
+        # d/dc |a / c - 1| = -sign(a / c - 1) a / c^2
+        slope = -np.sign(a_f / c - 1) * a_f / c**2 + np.sign(a_g / c - 1) * a_g / c**2
+        se.append(abs(slope) * c_se)
+        c_dev.append(abs(c - 1))
+        c_z.append(abs(c - 1) / c_se)
+    return dict(formula=max(formula), gd=min(gd), se=max(se), c_dev=max(c_dev), c_z=max(c_z))
+
+
+def restart_spread(errors: Mapping[int, np.ndarray], formed: Mapping[int, Sequence[int]],
+                   hs: Sequence[int]) -> tuple[float, float]:
+    """(the largest :func:`spread_se` spread between the initialisations of one head count that
+    ended with a +- pair, its s.e.) over the head counts ``hs``: how far restarts that reached the
+    same solution are apart (``errors[k]``: member k's per-prompt squared errors; ``formed[H]``:
+    the initialisations of H with a pair). A head count with fewer than two such restarts is
+    skipped (a restart left in another solution, e.g. same-sign, is not a restart of this one);
+    (0, 0) when none has two."""
+    best = (0.0, 0.0)
+    for H in hs:
+        ks = list(formed.get(H, []))
+        if len(ks) >= 2:
+            best = max(best, spread_se({k: errors[k] for k in ks}))
+    return best
