@@ -170,8 +170,10 @@ def test_binomial_upper_is_the_quantile_of_the_matched_fraction():
 def test_pooled_sign_match_counts_live_heads_only():
     s1 = {"heads": [{"sign_match": True}, {"sign_match": False}], "classes": ["positive", "dummy"]}
     s2 = {"heads": [{"sign_match": False}, {"sign_match": True}], "classes": ["negative", "negative"]}
-    assert ch2.pooled_sign_match([s1, s2]) == pytest.approx(2 / 3)
-    assert math.isnan(ch2.pooled_sign_match([{"heads": [{"sign_match": True}], "classes": ["dummy"]}]))
+    assert C.pooled_sign_match([s1, s2]) == pytest.approx(2 / 3)
+    assert math.isnan(C.pooled_sign_match([{"heads": [{"sign_match": True}], "classes": ["dummy"]}]))
+    # the same heads at initialisation (metrics_of_heads) count their n_sign_match of n_live
+    assert C.pooled_sign_match([s1, {"n_sign_match": 1, "n_live": 3}]) == pytest.approx(2 / 4)
 
 
 def test_spread_se_is_paired():
@@ -199,7 +201,7 @@ def test_pair_fraction_and_member_summaries():
     w3 = pattern_model([0.13, -0.1, -0.12], [3.0, -1.0, -2.0], 5)[0]
     got = ch2.member_summaries(Two([w2, w3]), [2, 3])
     assert set(got) == {2, 3} and got[2]["n_positive"] == 1 and got[3]["n_negative"] == 2
-    assert ch2.pooled_sign_match(got.values()) == 1.0
+    assert C.pooled_sign_match(got.values()) == 1.0
 
 
 def test_best_scale_is_least_squares_with_its_standard_error():

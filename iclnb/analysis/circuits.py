@@ -76,6 +76,8 @@ __all__ = [
     "HEAD_CLASSES",
     "proportional_error",
     "metrics_of_heads",
+    "mu_balance",
+    "pooled_sign_match",
     "authors_omega_factor",
 ]
 
@@ -249,7 +251,6 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
     for r, c in zip(rows, classes):
         r["class"] = c
     live = [r for r in rows if r["class"] != "dummy"]
-    abs_mu = float(np.abs(mu).sum())
     effective, linearized = effective_gd_step(omega, mu, classes), linearized_step(omega, mu)
     return {
         "heads": rows,
@@ -257,7 +258,7 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
         "omega": omega,
         "mu": mu,
         "sum_mu": float(mu.sum()),
-        "mu_balance": abs(float(mu.sum())) / abs_mu if abs_mu > 0 else float("nan"),
+        "mu_balance": mu_balance(mu),
         "effective_step": effective,
         "linearized_step": linearized,
         # the step of the model's GD expansion: the pair's step, or sum_h omega_h mu_h without a pair
@@ -301,9 +302,34 @@ def metrics_of_heads(kq_, ov_, classes: Sequence[str]) -> dict:
     out.update(omega_spread=max(absw) / min(absw) if absw and min(absw) > 0 else nan,
                n_sign_match=n_match, n_live=len(live),
                sign_match=n_match / len(live) if live else nan,
-               mu_balance=(abs(float(mu_all.sum())) / float(np.abs(mu_all).sum())
-                           if np.abs(mu_all).sum() > 0 else nan))
+               mu_balance=mu_balance(mu_all))
     return out
+
+
+def mu_balance(mu) -> float:
+    """|sum_h mu_h| / sum_h |mu_h|, the zero-sum reading of the OV label weights ``mu`` (H,); for
+    several outputs (H, T) the largest over the outputs. 0 when the weights cancel, 1 when they all
+    have one sign; NaN for an output whose weights are all 0."""
+    m = np.asarray(mu, dtype=np.float64)
+    m = m.reshape(len(m), -1)
+    den = np.abs(m).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.max(np.where(den > 0, np.abs(m.sum(0)) / den, np.nan)))
+
+
+def pooled_sign_match(summaries) -> float:
+    """The fraction of the live heads of several models whose signs of omega and mu match, pooled
+    over the models (NaN when none is live). Each summary is a :func:`summarize_circuits` result
+    (its non-dummy heads count) or a :func:`metrics_of_heads` result (its ``n_sign_match`` of
+    ``n_live``)."""
+    matched = live = 0
+    for s in summaries:
+        if "n_live" in s:
+            matched, live = matched + s["n_sign_match"], live + s["n_live"]
+        else:
+            rows = [r for r, c in zip(s["heads"], s["classes"]) if c != "dummy"]
+            matched, live = matched + sum(bool(r["sign_match"]) for r in rows), live + len(rows)
+    return matched / live if live else float("nan")
 
 
 def authors_omega_factor(d: int) -> float:

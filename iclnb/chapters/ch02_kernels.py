@@ -39,7 +39,7 @@ __all__ = [
     "Runs", "train_runs", "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
     "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
     "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
-    "relative_spread", "summary_text", "member_summaries", "pooled_sign_match", "binomial_upper",
+    "relative_spread", "summary_text", "member_summaries", "binomial_upper",
     "spread_se", "pair_fraction", "best_scale", "single_head_readings", "restart_spread",
 ]
 
@@ -247,13 +247,6 @@ def member_summaries(model, hs: Sequence[int]) -> dict[int, dict]:
     """``{H: summarize(member k)}`` for an ensemble whose member k has ``hs[k]`` heads (e.g. the
     multi-head linear-attention rivals)."""
     return {int(H): summarize(model.member_weights(k)) for k, H in enumerate(hs)}
-
-
-def pooled_sign_match(summaries) -> float:
-    """The fraction of the live heads of every :func:`summarize` result in ``summaries`` whose
-    signs of omega and mu match (NaN when none is live)."""
-    rows = [r for s in summaries for r, c in zip(s["heads"], s["classes"]) if c != "dummy"]
-    return sum(bool(r["sign_match"]) for r in rows) / len(rows) if rows else float("nan")
 
 
 def binomial_upper(n: int, q: float = 0.99, p: float = 0.5) -> float:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from iclnb.analysis.circuits import pooled_sign_match
 from iclnb.engine.activations import _np
 from iclnb.engine.readout import mu, proportional_error
 from iclnb.engine.util import check, check_int, check_regression
@@ -264,18 +265,11 @@ def pattern_stats(summaries) -> dict:
     last-entry ratio of a live head (NaN where nothing is live)."""
     summaries = list(summaries)
     check("summaries", len(summaries), len(summaries) >= 1, "at least one model's summary")
-    matched = live = 0
-    for s in summaries:
-        if "n_live" in s:  # metrics_of_heads
-            matched, live = matched + s["n_sign_match"], live + s["n_live"]
-        else:
-            rows = [r for r, c in zip(s["heads"], s["classes"]) if c != "dummy"]
-            matched, live = matched + sum(bool(r["sign_match"]) for r in rows), live + len(rows)
 
     def pick(f, key):
         v = [float(s[key]) for s in summaries if not np.isnan(s[key])]
         return f(v) if v else float("nan")
 
-    return {"sign_match": matched / live if live else float("nan"),
+    return {"sign_match": pooled_sign_match(summaries),
             "mu_balance": pick(max, "mu_balance"), "min_diag_ratio": pick(min, "min_diag_ratio"),
             "min_ov_last_ratio": pick(min, "min_ov_last_ratio")}
