@@ -63,7 +63,8 @@ def _sweep(args) -> int:
 def _robustness(args) -> int:
     from iclnb.bookkit import robustness
 
-    record = robustness.robustness(args.chapter, args.seeds, jobs=args.jobs, scheduler=args.scheduler, out=args.out)
+    record = robustness.robustness(args.chapter, args.seeds, jobs=args.jobs, scheduler=args.scheduler, out=args.out,
+                                   preset=args.preset)
     return 1 if record["errors"] else 0
 
 
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="folder of the runs (default sweeps/robustness/NN_name); finished seeds are "
                    "skipped on a second call")
     p.add_argument("--scheduler", help="address of a Dask scheduler to run on instead of local processes")
+    p.add_argument("--preset", choices=runner.PRESETS, help="start every seed's run from this preset; 'paper' "
+                   "writes the paper-scale record, book/paper/NN_name.json (runs under sweeps/paper/NN_name)")
     p.set_defaults(fn=_robustness)
     p = sub.add_parser("book", help="execute every chapter and build the HTML book")
     p.add_argument("--smoke", action="store_true", help="tiny smoke parameters, claims not enforced")

@@ -37,6 +37,7 @@ from iclnb.bookkit import runner, sweep
 from iclnb.bookkit.scorecard import robust
 
 RECORDS = runner.ROOT / "book" / "robustness"
+PAPER_RECORDS = runner.ROOT / "book" / "paper"  # the paper-scale records (``--preset paper``)
 SEEDS = (0, 1, 2, 3, 4)
 ENFORCE = "enforce_claims"  # the parameter every chapter has: raise when a claim fails
 # a claim's per-seed lists in a record, and the field of the claims JSON each is taken from
@@ -74,14 +75,32 @@ def _claims(records: list[dict]) -> dict:
     return out
 
 
-def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], params: dict) -> dict:
-    """The robustness record of ``records`` (the sweep's, one per seed, in the order of ``seeds``)."""
+def training_speed(runs: list[dict]) -> dict:
+    """How fast a run's models trained (its ``$ICLNB_RUNS`` lines, cache hits as the original
+    training): the training runs, their steps, member-steps and seconds, and steps per second."""
+    trained = [x for x in runs if not x.get("untrained") and x.get("train_seconds")]
+    seconds = sum(float(x["train_seconds"]) for x in trained)
+    steps = sum(int(x.get("steps", 0)) for x in trained)
+    member_steps = sum(int(x.get("steps", 0)) * int(x.get("members", 1)) for x in trained)
+    return {"runs": len(trained), "steps": steps, "member_steps": member_steps, "train_seconds": round(seconds, 1),
+            "steps_per_second": round(steps / seconds, 1) if seconds else None}
+
+
+def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], params: dict,
+                preset: str | None = None) -> dict:
+    """The robustness record of ``records`` (the sweep's, one per seed, in the order of ``seeds``);
+    with ``preset`` also the preset and, per seed, the run's wall time and training speed."""
     devices = sorted({r["device"] for r in records if r.get("device")})
-    return {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, runner.ROOT / "iclnb"),
-            "source_sha256": sweep.source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "params": params, "claims": _claims(records),
-            "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}
+    record = {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, runner.ROOT / "iclnb"),
+              "source_sha256": sweep.source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "params": params, "claims": _claims(records),
+              "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}
+    if preset:
+        record["preset"] = preset
+        record["wall_seconds"] = [r.get("seconds") for r in records]
+        record["training"] = [training_speed(r.get("runs") or []) for r in records]
+    return record
 
 
 def dumps(record: dict) -> str:
@@ -93,9 +112,14 @@ def dumps(record: dict) -> str:
 
 
 def robustness(chapter_spec, seeds=SEEDS, jobs: int | None = None, scheduler: str | None = None,
-               out: str | os.PathLike | None = None, log=print, records: str | os.PathLike = RECORDS) -> dict:
+               out: str | os.PathLike | None = None, log=print, records: str | os.PathLike | None = None,
+               preset: str | None = None) -> dict:
     """Run the chapter at each of ``seeds`` (see the module's docstring), write its record into
-    ``records`` and return it. Failing claims and failing runs are recorded, never raised."""
+    ``records`` and return it. Failing claims and failing runs are recorded, never raised.
+
+    ``preset="paper"``: every run starts from the chapter's paper preset instead of its defaults,
+    the runs go under ``sweeps/paper/NN_name`` and the record (the paper-scale record, with each
+    seed's wall time and training speed) into ``book/paper/`` unless ``out``/``records`` say."""
     chapter = sweep._chapter(chapter_spec)
     defaults = {p.name: p.default for p in chapter.parameters()}
     missing = [name for name in ("seed", ENFORCE) if name not in defaults]
@@ -105,18 +129,23 @@ def robustness(chapter_spec, seeds=SEEDS, jobs: int | None = None, scheduler: st
     seeds = list(seeds)
     if not seeds or len(set(map(str, seeds))) != len(seeds):
         raise runner.ParameterError(f"seeds {seeds}: give one or more seeds, none twice")
-    out = Path(out or Path("sweeps") / "robustness" / chapter.slug)
+    if preset is not None and preset not in chapter.presets:
+        raise runner.ParameterError(f"chapter {chapter.number} declares no {preset!r} preset "
+                                    f"(it has: {', '.join(chapter.presets) or 'none'})")
+    records = records or (PAPER_RECORDS if preset == "paper" else RECORDS)
+    out = Path(out or Path("sweeps") / ("paper" if preset == "paper" else "robustness") / chapter.slug)
     res = sweep.sweep(chapter, {"seed": seeds}, jobs=jobs, out=out, scheduler=scheduler, log=log,
-                      fixed={ENFORCE: False})
+                      fixed={ENFORCE: False}, preset=preset)
     seeds = [r["params"]["seed"] for r in res.records]  # as the chapter's parameters cell types them
-    params = {k: v for k, v in defaults.items() if k != "seed"} | {ENFORCE: False}
-    record = make_record(chapter, seeds, res.records, params)
+    params = {k: v for k, v in (defaults | (chapter.presets.get(preset) or {})).items() if k != "seed"}
+    params |= {ENFORCE: False}
+    record = make_record(chapter, seeds, res.records, params, preset)
     path = Path(records) / f"{chapter.slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(dumps(record))
     os.replace(tmp, path)
-    log(f"robustness record of chapter {chapter.number}: {path}")
+    log(f"{'paper-scale' if preset == 'paper' else 'robustness'} record of chapter {chapter.number}: {path}")
     for line in summary(record):
         log(line)
     return record

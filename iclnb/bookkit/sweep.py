@@ -124,7 +124,8 @@ def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str,
     record = {"name": name, "chapter": chapter.slug, "params": params, "preset": preset or "",
               "seconds": round(r.seconds, 2), "error": r.error, "ok": r.ok, "claims": r.claims,
               "notebook": str(r.output), "host": os.uname().nodename, "source_sha256": source,
-              "device": "" if device is None else runner.device_words(device), "kernel_retries": r.kernel_retries}
+              "device": "" if device is None else runner.device_words(device), "kernel_retries": r.kernel_retries,
+              "runs": r.runs}
     _write_json(out / f"{name}.json", record)
     return record
 
@@ -254,8 +255,11 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     jobs = max(1, min(int(jobs or cores), len(runs)))
-    threads = max(1, cores // jobs)
-    prefetch = cores >= 2 * jobs  # a data-drawing thread per worker only where a core is spare for it
+    # $ICLNB_THREADS / $ICLNB_PREFETCH, where set, win (two sweeps side by side, one core each)
+    threads = int(os.environ["ICLNB_THREADS"]) if os.environ.get("ICLNB_THREADS", "").isdigit() \
+        else max(1, cores // jobs)
+    prefetch = os.environ["ICLNB_PREFETCH"] == "1" if os.environ.get("ICLNB_PREFETCH") in ("0", "1") \
+        else cores >= 2 * jobs  # a data-drawing thread per worker only where a core is spare for it
     source = source_sha256(chapter.path)
     records = {r.name: rec for r in runs if (rec := _finished(r.record_path(out), source)) is not None}
     todo = [r for r in runs if r.name not in records]

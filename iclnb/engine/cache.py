@@ -1,7 +1,8 @@
 """The run cache: trained ensembles on disk, keyed by everything that produced them.
 
 An entry (``cache_path``) holds the trained ``flat``, the logged history and how the run
-trained; its key (``_canonical``) is the full config, the device type, the library version and
+trained; while a run trains, a checkpoint beside it (:func:`checkpoint_path`) holds its state
+every few minutes, so a stopped run goes on from there (``iclnb.engine.train``); its key (``_canonical``) is the full config, the device type, the library version and
 a hash of the source of every engine module a trained run depends on (:func:`run_modules`:
 the model, task and loop modules and every engine module they import, found by walking their
 imports, not a hand-kept list), so an edited sampler, activation, model, step, optimiser or
@@ -134,6 +135,44 @@ def _save(path: Path, cfg: TrainConfig, model, logs, seconds: float, training: d
     The entry records how the run trained (``training``: CUDA graphs or eager, and why)."""
     entry = {"key": _canonical(cfg, model.flat.device), "flat": model.flat.detach().cpu(),
              "train_seconds": float(seconds), **training, **logs}
+    _write(path, entry)
+
+
+# ---- checkpoints of a run in progress ---------------------------------------------------------
+def checkpoint_path(path: Path) -> Path:
+    """Where the checkpoint of the run whose finished entry goes to ``path`` lies (beside it)."""
+    return path.with_name(path.name[: -len(".pt")] + ".ckpt.pt")
+
+
+def save_checkpoint(path: Path, cfg: TrainConfig, device, state: dict) -> None:
+    """Write a run's checkpoint atomically (``state``: tensors, numbers, strings, lists and dicts
+    of them; :func:`iclnb.engine.train._fit` says what), tagged with the run's cache key."""
+    _write(checkpoint_path(path), {"key": _canonical(cfg, device), **state})
+
+
+def load_checkpoint(path: Path, cfg: TrainConfig, device):
+    """The checkpoint of the run whose entry goes to ``path``, or None when there is none; one of
+    another config or an unreadable one warns and is ignored (the run starts from step 0)."""
+    ckpt = checkpoint_path(path)
+    if not ckpt.exists():
+        return None
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        if state.pop("key") != _canonical(cfg, device):
+            raise ValueError("the checkpoint belongs to another config or engine source")
+        return state
+    except Exception as e:  # noqa: BLE001 - a bad checkpoint costs a restart, never a failure
+        warnings.warn(f"ignoring unreadable checkpoint {ckpt} ({type(e).__name__}: {e}); training from step 0",
+                      stacklevel=3)
+        return None
+
+
+def drop_checkpoint(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        checkpoint_path(path).unlink()
+
+
+def _write(path: Path, entry: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

@@ -11,7 +11,9 @@ k)``); on the CPU the next batches are drawn in a second thread while a step tra
 ensemble trains exactly as the same config trained alone. Optimiser (:mod:`iclnb.engine.optim`):
 Adam on the flat parameter buffer, which is K independent Adams. Loss: MSE on the (noisy)
 target y_q, no 1/2, mean over the batch (and outputs), one loss per member. NaN guard, progress
-bar, run cache (:mod:`iclnb.engine.cache`). On CUDA, blocks of steps replay as CUDA graphs.
+bar, run cache (:mod:`iclnb.engine.cache`) with a checkpoint every few minutes of training, from
+which a stopped run goes on to the same numbers (:class:`Checkpoints`). On CUDA, blocks of steps
+replay as CUDA graphs.
 
 Logged at steps 0, log_every, 2 log_every, ... and the final step s: the batch MSE of the
 parameters after s updates (on a fresh batch), and what the model's ``snapshot`` declares
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from iclnb.engine.cache import _entry_lock, _load, _save, cache_path
+from iclnb.engine.cache import _entry_lock, _load, _save, cache_path, drop_checkpoint, load_checkpoint, save_checkpoint
 from iclnb.engine.models import MODELS
 from iclnb.engine.optim import make_optimizer
 from iclnb.engine.progress import members_words, show_bar, training_update
@@ -293,7 +295,56 @@ def _restore_training_state(state, model, opt, generators) -> None:
         g.set_state(s)
 
 
-def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, frozen: bool = False):
+CHECKPOINT_ENV = "ICLNB_CHECKPOINT_SECONDS"  # seconds of training between checkpoints; "off": none
+CHECKPOINT_SECONDS = 180.0  # the default
+
+
+def checkpoint_seconds() -> float | None:
+    """``$ICLNB_CHECKPOINT_SECONDS``: the seconds of training between two checkpoints of a run
+    (default 180; 0: at every logged step; "off" or a negative number: never)."""
+    raw = os.environ.get(CHECKPOINT_ENV, "").strip().lower()
+    if raw == "":
+        return CHECKPOINT_SECONDS
+    if raw in ("off", "none", "never"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${CHECKPOINT_ENV}={raw!r}: expected a number of seconds, or 'off'") from None
+    return None if value < 0 else value
+
+
+@dataclass
+class Checkpoints:
+    """Where and how often :func:`_fit` keeps a checkpoint of a run in progress (beside its
+    run-cache entry at ``path``, under the entry's key: :func:`iclnb.engine.cache.checkpoint_path`).
+
+    A checkpoint is written at the first block boundary (a logged step) after ``every`` seconds
+    of training since the last one. It holds what the rest of the run depends on: the
+    parameters, the optimiser's state, the data stream's position (the generators' states after
+    the last batch the loop took: a prefetching thread draws ahead, so it records the states
+    with each batch), the history so far, how it trained and the seconds it took. A run that
+    finds a checkpoint goes on from it, to the same numbers as a run never stopped (the tests
+    kill a run and compare bit for bit); the finished entry replaces it.
+    """
+
+    path: object  # the run-cache entry's Path
+    cfg: TrainConfig
+    device: torch.device
+    every: float | None  # seconds (None: go on from a checkpoint found, write none)
+    earlier: float = 0.0  # the training seconds of the attempts before this one (set by load)
+
+    def load(self):
+        state = load_checkpoint(self.path, self.cfg, self.device)
+        self.earlier = 0.0 if state is None else float(state["seconds"])
+        return state
+
+    def save(self, state: dict) -> None:
+        save_checkpoint(self.path, self.cfg, self.device, state)
+
+
+def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, frozen: bool = False,
+         checkpoints: Checkpoints | None = None):
     """Train ``model`` in place; returns (logs, training): the logged tensors (steps, loss and the
     snapshot's) and how it trained (:class:`Run`'s ``training``, ``training_note``,
     ``replayed_steps`` and ``capture_seconds``).
@@ -308,7 +359,10 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
     (fewer than 2 x log_every steps) warns once too (:class:`EagerTraining`). ``capture``
     replaces :func:`cuda_graph_capture` (the tests drive the block logic on the CPU with an eager
     stand-in). The NaN guard reads block b - 1 after block b is launched, so the host never
-    waits for the block it has just queued.
+    waits for the block it has just queued. ``checkpoints``: keep a checkpoint of the run and go
+    on from one found at the start (:class:`Checkpoints`, whose ``earlier`` then holds the
+    training seconds of the attempts before). A resumed run on CUDA warms up on the block it
+    resumes at and captures the next.
     """
     check("cuda_graphs", cuda_graphs, cuda_graphs in (None, True, False, "fallback"),
           "None or True (graphs on CUDA), False (eager) or 'fallback'")
@@ -329,8 +383,18 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
     # on the CPU the next batches are drawn in a second thread while this one trains (the same
     # numbers; $ICLNB_PREFETCH); on CUDA the sampler runs on the device, inside the graphs (whose
     # failed capture rewinds the generators: a stream drawn ahead could not be rewound)
-    feed = Prefetch(batch) if dev.type == "cpu" and not use_graphs and prefetch_enabled() else None
-    batch = feed or batch
+    feed = None
+    position = [None]  # with a prefetching thread: the generators' states after the batch last taken
+    if dev.type == "cpu" and not use_graphs and prefetch_enabled():
+        draw = batch
+        feed = Prefetch(lambda: (draw(), [g.get_state() for g in gens]))
+
+        def batch():
+            p, position[0] = feed()
+            return p
+
+    def stream_position():
+        return position[0] if feed is not None and position[0] is not None else [g.get_state() for g in gens]
     # frozen (ICLNB_UNTRAINED): every step runs and logs, but a rate of 0 leaves the parameters as they are
     opt = torch.optim.SGD([model.flat], lr=0.0) if frozen else make_optimizer(cfg, model)
     blocks = _Blocks(model, opt, batch, every)
@@ -338,6 +402,19 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
     log_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
     loss = torch.empty(len(log_steps), K, device=dev, dtype=dt)
     snap = {k: torch.empty(len(log_steps), *v.shape, device=dev, dtype=dt) for k, v in blocks.first_snap.items()}
+    start, earlier = 0, 0.0  # the block a resumed run starts at, and its earlier attempts' seconds
+    state = checkpoints.load() if checkpoints is not None else None
+    if state is not None:  # go on from the checkpoint: everything the rest of the run reads
+        start, earlier = int(state["block"]), float(state["seconds"])
+        with torch.no_grad():
+            model.flat.copy_(state["flat"])
+            loss[:start] = state["loss"]
+            for k, v in snap.items():
+                v[:start] = state["snap"][k]
+        opt.load_state_dict(state["opt"])
+        for g, s in zip(gens, state["generators"]):
+            g.set_state(s)
+        training.update(state["training"])
 
     def check_finite(first_step, rows):
         bad = ~torch.isfinite(rows)
@@ -351,7 +428,17 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, desc=desc, unit="step")
+        bar = tqdm(total=cfg.steps, initial=start * cfg.log_every, desc=desc, unit="step")
+    saved = [started]  # when the last checkpoint was written (or training began)
+
+    def save_checkpoint(b):  # at the start of block b, with block b - 1 checked
+        with torch.no_grad():
+            checkpoints.save({
+                "block": b, "seconds": earlier + time.perf_counter() - started,
+                "flat": model.flat.detach().cpu().clone(), "opt": opt.state_dict(),
+                "generators": stream_position(), "loss": loss[:b].cpu().clone(),
+                "snap": {k: v[:b].cpu().clone() for k, v in snap.items()}, "training": dict(training)})
+        saved[0] = time.perf_counter()
 
     def done(first_step, rows):  # a finished block: the NaN guard and the progress (one host sync)
         check_finite(first_step, rows)
@@ -386,15 +473,21 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
     replay, pending = None, None
     on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()  # the device current
     with bar if show else contextlib.nullcontext(), on_device, feed or contextlib.nullcontext():
-        for b, first in enumerate(range(0, cfg.steps, cfg.log_every)):
+        for b in range(start, len(log_steps) - 1):
+            first = b * cfg.log_every
             count = min(every, cfg.steps - first)
-            if use_graphs and b == 1 and count == every:  # capture after the warm-up block
+            if (checkpoints is not None and checkpoints.every is not None and b > start
+                    and time.perf_counter() - saved[0] >= checkpoints.every):
+                done(*pending)  # a checkpoint holds checked blocks only
+                pending = None
+                save_checkpoint(b)
+            if use_graphs and b == start + 1 and count == every:  # capture after the warm-up block
                 replay = try_capture()
                 use_graphs = replay is not None
             if replay is not None and count == every:
                 replay()
                 training["replayed_steps"] += count
-            elif b == 0 and cuda and use_graphs:  # the warm-up, on the side stream
+            elif b == start and cuda and use_graphs:  # the warm-up, on the side stream
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):
                     blocks.run(count)
@@ -407,7 +500,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
             if pending is not None:  # block b is queued: now wait for block b - 1 and check it
                 done(*pending)
             pending = (first, blocks.window[:count].clone())
-        done(*pending)
+        if pending is not None:
+            done(*pending)
         with torch.no_grad():  # the final step: loss of the trained parameters on a fresh batch
             p = batch()
             loss[-1] = model.member_losses(model.predict(p.Z, p.xq), p.yq)
@@ -416,7 +510,8 @@ def _fit(cfg: TrainConfig, model, show: bool, cuda_graphs=None, capture=None, fr
                 snap[k][-1] = v
     model.flat.grad = None
     model.free_step_buffers()
-    return {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}, training
+    logs = {"steps": torch.tensor(log_steps), "loss": loss.cpu(), **{k: v.cpu() for k, v in snap.items()}}
+    return logs, training
 
 
 def _history(model, logs) -> History:
@@ -435,13 +530,17 @@ def _untrained() -> bool:
     return os.environ.get(UNTRAINED_ENV, "0") not in ("", "0")
 
 
-def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict, untrained: bool = False) -> None:
-    """Append how a run trained to ``$ICLNB_RUNS`` when set (the Reproducibility page reads it)."""
+def _record_run(cfg: TrainConfig, device, from_cache: bool, training: dict, untrained: bool = False,
+                train_seconds: float = 0.0) -> None:
+    """Append how a run trained to ``$ICLNB_RUNS`` when set (the Reproducibility page and the
+    paper-scale records read it): its members, steps, device, the seconds its training took
+    (for a cache hit, the original training's) and how it trained."""
     path = os.environ.get(RUNS_ENV)
     if not path:
         return
-    line = {"run": f"{cfg.model} {members_words(cfg.heads)}", "steps": cfg.steps, "device": str(device),
-            "from_cache": from_cache, "untrained": untrained, **training}
+    line = {"run": f"{cfg.model} {members_words(cfg.heads)}", "members": cfg.K, "steps": cfg.steps,
+            "device": str(device), "from_cache": from_cache, "untrained": untrained,
+            "train_seconds": round(float(train_seconds), 3), **training}
     try:
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -465,6 +564,11 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
     parameters never move and the history has its usual shape (every snapshot the initial one,
     the loss of the initial models on each logged batch); the run cache is neither read nor written,
     ``Run.training == "untrained"`` and ``"untrained": true`` in the ``$ICLNB_RUNS`` record.
+
+    A cached run keeps a checkpoint beside its entry every ``$ICLNB_CHECKPOINT_SECONDS`` (180 s;
+    "off": never) of training; a run stopped halfway (killed, interrupted, out of time) goes on
+    from its last checkpoint when it is trained again, to the same numbers, and
+    ``train_seconds`` counts every attempt (:class:`Checkpoints`).
     """
     check("cfg", type(cfg).__name__, isinstance(cfg, TrainConfig), "a TrainConfig")
     t0 = time.perf_counter()
@@ -476,14 +580,16 @@ def train(cfg: TrainConfig, progress=None, cache: bool = True, cuda_graphs=None)
         if hit is not None:
             logs, train_seconds, training = hit
         else:
+            ckpt = Checkpoints(path, cfg, model.flat.device, checkpoint_seconds()) if cache else None
             with cpu_threads(model.flat.device):
                 logs, training = _fit(cfg, model, show_bar(progress), False if untrained else cuda_graphs,
-                                      frozen=untrained)
-            train_seconds = time.perf_counter() - t0
+                                      frozen=untrained, checkpoints=ckpt)
+            train_seconds = (ckpt.earlier if ckpt else 0.0) + time.perf_counter() - t0
             if untrained:
                 training = dict(_UNTRAINED)
             elif cache:
                 _save(path, cfg, model, logs, train_seconds, training)
-    _record_run(cfg, model.flat.device, hit is not None, training, untrained)
+                drop_checkpoint(path)
+    _record_run(cfg, model.flat.device, hit is not None, training, untrained, train_seconds)
     return Run(model=model, config=cfg, history=_history(model, logs), seconds=time.perf_counter() - t0,
                train_seconds=train_seconds, from_cache=hit is not None, **training)
