@@ -46,10 +46,14 @@ def _record(stem, **claims):
 @pytest.fixture
 def robustness(monkeypatch):
     """A stand-in for iclnb.bookkit.robustness: ``records[stem]`` and ``stale`` set by the test."""
+    from iclnb.bookkit import robustness as real
+
     mod = types.ModuleType("iclnb.bookkit.robustness")
-    mod.records, mod.stale = {}, set()
-    mod.robustness_record = lambda stem: mod.records.get(stem)
+    mod.records, mod.papers, mod.stale = {}, {}, set()
+    mod.RECORDS, mod.PAPER_RECORDS = "robustness", "paper"
+    mod.robustness_record = lambda stem, where="robustness": (mod.papers if where == "paper" else mod.records).get(stem)
     mod.is_stale = lambda rec: rec["chapter"] in mod.stale
+    mod.holds, mod.pass_rate = real.holds, real.pass_rate
     monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", mod)
     return mod
 
@@ -86,7 +90,7 @@ def test_scorecard_counts_strength_and_pass_rates(robustness):
     s1, w1, o1 = rows["Chapter 1", "strong-1"], rows["Chapter 1", "weak-1"], rows["Chapter 1", "ours-1"]
     assert s1[3:8] == ["the paper's", "competitor · strong", "theory: Theorem 2", "pass", "4 of 5 (stale)"]
     assert w1[4:8] == ["init · weak", "Monte Carlo: 3 × s.e. 0.001", "pass", "3 of 5 **not robust** (stale)"]
-    assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[10] == "new recipe: 7"
+    assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[11] == "new recipe: 7" and o1[8] == "not run"
     assert rows["Chapter 1", "f-after"][6] == "not reproduced; finding, declared after a failing run (commit 8517d88)"
     assert rows["Chapter 1", "f-after"][7] == "0 of 5 (stale)"  # a finding: no "not robust" mark
     assert rows["Chapter 1", "f-old"][4] == "unstated · weak" and rows["Chapter 1", "f-old"][5] == "theory, unsupported"
@@ -109,3 +113,33 @@ def test_seed_passes_and_robust():
     assert seed_passes(rec, "a") == (3, 5)  # a missing seed counts as not holding
     assert seed_passes(rec, "b") is None and seed_passes(None, "a") is None
     assert robust(4, 5) and not robust(3, 5) and robust(8, 10) and not robust(7, 10) and not robust(0, 0)
+
+
+def test_paper_scale_verdicts(robustness):
+    """The paper-scale record's verdict per claim, on the Reproducibility page and in a chapter's
+    claims table: holds or fails (with the value) at one seed, a pass rate over several, a
+    finding reproduced or not, "not run" without a record, stale when the source changed."""
+    from iclnb.bookkit.scorecard import ClaimsTable, paper_scale_cell
+
+    T, F = True, False
+    rec = _record("01_a", **{"strong-1": ([T], [F]), "weak-1": ([T], [T]), "f-after": ([T], [F])})
+    rec["seeds"], rec["claims"]["f-after"]["kind"] = [0], "finding"
+    rec |= {"preset": "paper", "scale": "larger run", "wall_seconds": [1500.0],
+            "training": [{"runs": 2, "steps": 10, "member_steps": 20, "train_seconds": 10.0,
+                          "steps_per_second": 1.0}]}
+    robustness.papers["01_a"] = rec
+    assert paper_scale_cell("strong-1", rec, False) == "holds (0)"
+    assert paper_scale_cell("weak-1", rec, False) == "fails: rival passes (0)"
+    assert paper_scale_cell("f-after", rec, True) == "reproduced (0) (stale)"
+    assert paper_scale_cell("ours-1", rec, False) == "not in the record"
+    assert paper_scale_cell("strong-1", None, False) == "not run"
+    five = _record("01_a", **{"strong-1": ([T, T, F, T, T], [F] * 5)})
+    assert paper_scale_cell("strong-1", five, False) == "holds at 4 of 5 seeds"
+    lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
+    rows = {r[1]: r for r in _table(lines, "paper scale")}
+    assert rows["strong-1"][8] == "holds (0)" and rows["f-old"][8] == "not in the record"
+    note = next(line for line in lines if line.startswith("- Chapter 1 (larger run)"))
+    assert "25 min" in note and "1 of 2 evidence checks hold" in note and "1 of 1 findings reproduced" in note
+    table = ClaimsTable(_chapter()["claims"], chapter="01_a")
+    assert table.HEADERS[-1] == "larger run" and "holds (0)" in repr(table)
+    assert ClaimsTable(_chapter()["claims"]).HEADERS == ClaimsTable.BASE_HEADERS

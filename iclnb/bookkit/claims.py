@@ -508,7 +508,7 @@ class Claims:
         """The claims table (:class:`iclnb.bookkit.scorecard.ClaimsTable`) for display."""
         from iclnb.bookkit.scorecard import ClaimsTable
 
-        return ClaimsTable(self.to_dict()["claims"], enforced=self.enforce)
+        return ClaimsTable(self.to_dict()["claims"], enforced=self.enforce, chapter=self.chapter)
 
     def finish(self):
         """Write the JSON, return the table for display, raise if enforced and a claim failed."""

@@ -98,6 +98,8 @@ def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], 
               "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}
     if preset:
         record["preset"] = preset
+        if preset == "paper":  # what the page calls it: "paper scale", or the chapter's own name for it
+            record["scale"] = str(chapter.meta.get("paper_scale") or "paper scale")
         record["wall_seconds"] = [r.get("seconds") for r in records]
         record["training"] = [training_speed(r.get("runs") or []) for r in records]
     return record

@@ -83,21 +83,37 @@ def _measured_cell(r: dict) -> str:
 
 
 class ClaimsTable:
-    """A claims table that renders as HTML in notebooks and the book, and as text elsewhere."""
+    """A claims table that renders as HTML in notebooks and the book, and as text elsewhere.
 
-    def __init__(self, rows: list[dict], enforced: bool = True):
+    ``chapter`` (its stem): add the chapter's pass rate over seeds at its defaults (its robustness
+    record) and its verdict at paper scale (its paper-scale record, ``book/paper/``), each marked
+    stale when the chapter's source changed since the record was written."""
+
+    def __init__(self, rows: list[dict], enforced: bool = True, chapter: str | None = None):
         self.rows = rows
         self.enforced = enforced
+        self.records = _records([chapter])[chapter] if chapter else None
+        self.paper = _records([chapter], paper=True)[chapter] if chapter else None
 
-    HEADERS = ("id", "claim", "measured", "threshold (its basis)", "null ruled out [kind · strength]: its value",
-               "result", "paper")
+    BASE_HEADERS = ("id", "claim", "measured", "threshold (its basis)",
+                    "null ruled out [kind · strength]: its value", "result", "paper")
     NOT_ENFORCED = ("Claims not enforced: this run records its claims without holding the chapter to them "
                     "(smoke or sweep parameters); a check that holds reads \"holds (not enforced)\".")
 
-    @staticmethod
-    def _cells(r: dict) -> list[str]:
-        return [r["id"], r["text"], _measured_cell(r), _condition_cell(r), _null_cell(r), r["status"],
-                _paper_cell(r)]
+    @property
+    def HEADERS(self) -> tuple:  # noqa: N802 - the table's column headings
+        if self.records is None:
+            return self.BASE_HEADERS
+        return (*self.BASE_HEADERS, "over seeds (defaults)", paper_heading(self.paper[0]))
+
+    def _cells(self, r: dict) -> list[str]:
+        cells = [r["id"], r["text"], _measured_cell(r), _condition_cell(r), _null_cell(r), r["status"],
+                 _paper_cell(r)]
+        if self.records is not None:
+            attempted = r.get("kind") in ("check", "finding", "sanity")
+            cells += [_seeds_cell(r, *self.records).replace("**", "") if attempted else "",
+                      paper_scale_cell(r["id"], *self.paper) if attempted else ""]
+        return cells
 
     def groups(self) -> list[tuple[str, list[dict]]]:
         """(heading, rows) of each non-empty group, in the order of ``GROUPS``."""
@@ -147,17 +163,72 @@ def _md_row(cells) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
 
-def _records(stems: list[str]) -> dict:
-    """stem -> (robustness record or None, stale); no records at all when the module is missing."""
+def _records(stems: list[str], paper: bool = False) -> dict:
+    """stem -> (robustness record or None, stale); with ``paper``, the paper-scale records
+    (``book/paper/``); no records at all when the module is missing."""
     try:
-        from iclnb.bookkit.robustness import is_stale, robustness_record
+        from iclnb.bookkit.robustness import PAPER_RECORDS, RECORDS, is_stale, robustness_record
     except ImportError:
         return {s: (None, False) for s in stems}
     out = {}
     for s in stems:
-        rec = robustness_record(s)
+        rec = robustness_record(s, PAPER_RECORDS if paper else RECORDS)
         out[s] = (rec, bool(rec) and bool(is_stale(rec)))
     return out
+
+
+def paper_note(title: str, stem: str, rec: dict, stale: bool) -> str:
+    """One line of the Reproducibility page about a chapter's paper-scale record: its seeds, wall
+    time and training speed, device, commit and date, and how its checks fared."""
+    walls = [w for w in rec.get("wall_seconds") or [] if w]
+    speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
+    checks = [c for c in rec.get("claims", {}).values() if c.get("kind") == "check"]
+    finds = [c for c in rec.get("claims", {}).values() if c.get("kind") == "finding"]
+    from iclnb.bookkit.robustness import pass_rate
+
+    seeds = rec.get("seeds") or []
+    held = sum(robust(*pass_rate(c)) if len(seeds) > 1 else pass_rate(c)[0] == 1 for c in checks)
+    repro = sum(pass_rate(c)[0] > 0 for c in finds)
+    text = (f"- {title} ({rec.get('scale', 'paper scale')}): seed(s) {', '.join(map(str, seeds))}; "
+            f"wall time {' + '.join(f'{w / 60:.0f} min' for w in walls) or '?'}; "
+            f"training {' / '.join(f'{v:.0f}' for v in speed) or '?'} steps/s; {rec.get('device', '?')}; "
+            f"commit `{rec.get('commit', '?')}`, {rec.get('date', '?')}; {held} of {len(checks)} evidence checks "
+            f"hold{' at 4 of 5 seeds' if len(seeds) > 1 else ''}, {repro} of {len(finds)} findings reproduced")
+    errors = rec.get("errors") or {}
+    text += "".join(f"; seed {s} failed: {e}" for s, e in errors.items())
+    return text + (", **stale**: the chapter's source changed since." if stale else ".")
+
+
+def paper_heading(rec: dict | None) -> str:
+    """The heading of the paper-scale column: "paper scale", or the record's own name for its
+    preset (a "larger run" where the paper's settings are not known)."""
+    return (rec or {}).get("scale") or "paper scale"
+
+
+def paper_scale_cell(cid: str, rec: dict | None, stale: bool) -> str:
+    """A claim's verdict in the chapter's paper-scale record: "holds"/"fails" ("reproduced"/"not
+    reproduced" for a finding), "holds at k of n seeds" over several, with the value at one seed;
+    "not run" without a record, "not in the record", "stale" when the source changed since."""
+    if rec is None:
+        return "not run"
+    c = rec.get("claims", {}).get(cid)
+    if c is None:
+        return "not in the record" + (" (stale)" if stale else "")
+    from iclnb.bookkit.robustness import holds
+
+    h, n = holds(c), len(rec.get("seeds") or [])
+    finding = c.get("kind") == "finding"
+    yes, no = ("reproduced", "not reproduced") if finding else ("holds", "fails")
+    if all(x is None for x in h) and c.get("kind") not in ("check", "finding", "sanity"):
+        text = "reported"
+    elif n == 1:
+        value = (c.get("values") or [None])[0]
+        rival = c.get("null_passed") or [None]
+        word = yes if h[0] else (no + (": rival passes" if (c.get("passed") or [None])[0] and rival[0] else ""))
+        text = word + ("" if value is None else f" ({_fmt(value)})")
+    else:
+        text = f"{yes} at {sum(x is True for x in h)} of {n} seeds"
+    return text + (" (stale)" if stale else "")
 
 
 def seed_passes(rec: dict | None, cid: str) -> tuple[int, int] | None:
@@ -198,7 +269,7 @@ SUMMARY_HEADERS = ("chapter", "evidence: strong", "evidence: weak", "sanity", "f
                    "findings declared after a failing run", "findings not dated", "reported", "not attempted",
                    "evidence holding at ≥ 4 of 5 seeds")
 CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "null kind", "threshold's basis", "at this run", "over seeds",
-                 "ref", "paper's value", "ours", "null's value")
+                 "paper scale (or larger run)", "ref", "paper's value", "ours", "null's value")
 
 
 def _counts(data: dict) -> list[int]:
@@ -230,9 +301,14 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
     rates over seeds come from ``iclnb.bookkit.robustness.robustness_record(stem)`` ("no record"
     when the module or the record is missing; "stale" when ``is_stale(record)``)."""
     records = _records([stem for _, stem, _ in chapters])
+    papers = _records([stem for _, stem, _ in chapters], paper=True)
     summary, total, robust_total, claim_rows, notes = [], [0] * 8, [0, 0], [], []
+    paper_notes = []
     for title, stem, data in chapters:
         rec, stale = records[stem]
+        prec, pstale = papers[stem]
+        if prec is not None:
+            paper_notes.append(paper_note(title, stem, prec, pstale))
         counts = _counts(data)
         total = [t + c for t, c in zip(total, counts)]
         rc = _robust_count(data, rec)
@@ -257,6 +333,7 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             claim_rows.append([title, r["id"], r["text"], "the book's own" if is_own(r) else "the paper's",
                                null_tag(r), basis_words(r), _verdict_cell(r),
                                _seeds_cell(r, rec, stale) if attempted else "",
+                               paper_scale_cell(r["id"], prec, pstale) if attempted else "",
                                r.get("ref", ""), "" if paper is None else _fmt(paper), _measured_cell(r),
                                _fmt(r.get("null_value")) if attempted else ""])
     if not chapters:
@@ -276,6 +353,11 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
              "fewer than 4 of 5 seeds is marked **not robust**.", "",
              _md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
             + [_md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
+            + ["", "### Paper scale", "",
+               "Each chapter whose `paper` preset differs from its defaults run at that preset "
+               "(`iclnb robustness CH --preset paper`; claims recorded, not enforced). Chapters 4 and 5 "
+               "have no paper settings to match, so their preset is the book's own larger run.", ""]
+            + (paper_notes or ["No paper-scale records yet."])
             + ["", "### Every claim in scope", "", _md_row(CLAIM_HEADERS), "|" + " --- |" * len(CLAIM_HEADERS)]
             + [_md_row(row) for row in claim_rows])
 
