@@ -362,3 +362,59 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             + [_md_row(row) for row in claim_rows])
 
 
+
+
+def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -> str:
+    """A chapter's paper-scale record in words, for its "What reproduces" section (markdown).
+
+    ``chapter``: its stem; ``findings``: the ids declared findings at the defaults (None: the
+    chapter's ``iclnb: findings:``), so the text can say which of them hold at paper scale. Read from the
+    committed record (``book/paper/<chapter>.json``); says so when there is none, and when the
+    chapter's source changed since it was written (stale)."""
+    rec, stale = _records([chapter], paper=True)[chapter]
+    if findings is None:
+        from iclnb.bookkit.claims import chapter_source, front_matter
+
+        source = chapter_source(chapter)
+        findings = list(((front_matter(source).get("iclnb") or {}).get("findings") or {}) if source else [])
+    if rec is None:
+        return (f"**Paper scale.** Not run yet: `iclnb robustness {chapter} --preset paper` runs the chapter's "
+                "`paper` preset at seed 0 and writes its record to `book/paper/`.")
+    from iclnb.bookkit.robustness import holds
+
+    scale = rec.get("scale") or "paper scale"
+    seeds = rec.get("seeds") or []
+    walls = [w for w in rec.get("wall_seconds") or [] if w]
+    speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
+    claims = rec.get("claims", {})
+
+    def held(cid):  # holds at every seed of the record (a sanity check: passes)
+        h = holds(claims[cid])
+        return bool(h) and all(x is True for x in h)
+
+    evidence = [cid for cid, c in claims.items() if c.get("kind") in ("check", "finding")]
+    now_hold = [cid for cid in findings if cid in claims and held(cid)]
+    still = [cid for cid in findings if cid in claims and not held(cid)]
+    lost = [cid for cid in evidence if cid not in findings and not held(cid)]
+    ids = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
+    name = "The paper-scale run" if scale == "paper scale" else f"The {scale}"
+    text = (f"**{scale[0].upper() + scale[1:]}.** {name} (the `paper` preset, seed"
+            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced) took "
+            f"{' and '.join(f'{w / 60:.0f} minutes' for w in walls) or 'an unrecorded time'} on "
+            f"{rec.get('device', 'an unrecorded device')}"
+            + (f", training at {' and '.join(f'{v:.0f}' for v in speed)} steps/s" if speed else "")
+            + f" ({rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`). "
+            f"There {sum(held(c) for c in evidence)} of its {len(evidence)} evidence claims hold"
+            + (" at every seed" if len(seeds) > 1 else "") + ". ")
+    if findings:
+        text += (f"Of the {len(findings)} findings at the defaults, "
+                 + (f"{ids(now_hold)} hold{'s' if len(now_hold) == 1 else ''} at this scale"
+                    if now_hold else "none holds at this scale")
+                 + (f" and {ids(still)} still do{'es' if len(still) == 1 else ''} not" if still else "") + ". ")
+    text += (f"Checks that hold at the defaults and not at this scale: {ids(lost)}. " if lost
+             else "Every check that holds at the defaults holds at this scale too. ")
+    errors = rec.get("errors") or {}
+    text += "".join(f"The run at seed {s} failed: {e}. " for s, e in errors.items())
+    if stale:
+        text += "(This record is **stale**: the chapter's source changed since it was written.) "
+    return text + "The claims table gives each claim's verdict at this scale."
