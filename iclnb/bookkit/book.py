@@ -58,6 +58,51 @@ def build_html(url: str, log=print) -> int:
     return subprocess.run(cmd, cwd=runner.ROOT).returncode
 
 
+def training_summary(runs: list[dict]) -> dict:
+    """What a chapter's wall time measured: its training runs (``$ICLNB_RUNS`` lines) split into the
+    ones trained now and the ones loaded from the run cache.
+
+    ``steps_per_second``: training steps per second of the runs trained now (None when none
+    trained); ``cached_runs`` of ``runs`` came from the cache, carrying ``cached_share`` of the
+    training seconds (a hit counts its original training's seconds): 0 on a cold cache, 1 when
+    nothing trained. Untrained runs (``ICLNB_UNTRAINED``) count for neither."""
+    from iclnb.bookkit.robustness import training_speed
+
+    real = [x for x in runs if not x.get("untrained")]
+    fresh = [x for x in real if not x.get("from_cache")]
+    hits = [x for x in real if x.get("from_cache")]
+    now = training_speed(fresh)
+    cached_seconds = sum(float(x.get("train_seconds") or 0.0) for x in hits)
+    total = now["train_seconds"] + cached_seconds
+    return {"runs": len(real), "trained_runs": len(fresh), "cached_runs": len(hits),
+            "steps": now["steps"], "train_seconds": now["train_seconds"],
+            "steps_per_second": now["steps_per_second"], "cached_seconds": round(cached_seconds, 1),
+            "cached_share": round(cached_seconds / total, 3) if total else (1.0 if hits else 0.0)}
+
+
+def training_line(runs: list[dict]) -> str:
+    """:func:`training_summary` in one line for a summary table: ``"20,000 steps at 99 steps/s;
+    cache 0 of 3 runs (0% of training s)"``."""
+    t = training_summary(runs)
+    if not t["runs"]:
+        return "no training runs in its kernel"
+    speed = (f"{t['steps']:,} steps in {t['train_seconds']:.0f} s at {t['steps_per_second']:,.0f} steps/s"
+             if t["steps_per_second"] else "nothing trained now")
+    return (f"{speed}; from cache {t['cached_runs']} of {t['runs']} runs "
+            f"({100 * t['cached_share']:.0f}% of training s)")
+
+
+def cache_words(runs: list[dict]) -> str:
+    """Whether a build's times are cold-cache times, in words, from its training runs."""
+    t = training_summary(runs)
+    if not t["runs"]:
+        return "no training runs"
+    if not t["cached_runs"]:
+        return "cold run cache: every model trained now"
+    return (f"WARM run cache: {t['cached_runs']} of {t['runs']} training runs, {100 * t['cached_share']:.0f}% of "
+            "the training seconds, loaded, not trained; for a cold-cache time set ICLNB_CACHE_DIR to an empty folder")
+
+
 def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int:
     """Execute every chapter, write the reproducibility page, build the HTML; 0 when all is well.
 
@@ -75,13 +120,16 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
         if r.error:
             log("  " + r.error + f"\n  partial notebook kept at {r.output}")
         else:
-            log(f"  done in {r.seconds:.1f} s")
+            log(f"  done in {r.seconds:.1f} s; training: {training_line(r.runs)}")
         results.append(r)
     runner.write_reproducibility_page(results, smoke=smoke)
+    runner.write_verdicts_page(results)
     code = build_html(url, log=log)
     log("\nchapter                                  wall time  claims                                   status")
     for r in results:
         log(r.summary())
-    log(f"total {sum(r.seconds for r in results):.1f} s; book build {'ok' if code == 0 else 'FAILED'}"
-        f" -> {runner.ROOT / '_build' / 'html' / 'index.html'}")
+        log(f"    training: {training_line(r.runs)}")
+    every = [x for r in results for x in r.runs]
+    log(f"total {sum(r.seconds for r in results):.1f} s ({cache_words(every)}); book build "
+        f"{'ok' if code == 0 else 'FAILED'} -> {runner.ROOT / '_build' / 'html' / 'index.html'}")
     return 0 if code == 0 and all(r.ok for r in results) else 1

@@ -1,4 +1,5 @@
-"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | run CH [-p NAME VALUE] [--preset P] |
+"""Command line: ``python -m iclnb`` (or ``iclnb``) list | params CH | export CH [-o PATH] |
+run CH [-p NAME VALUE] [--preset P] |
 sweep CH -p NAME V1 V2 ... [--preset P] [--jobs N] [--out DIR] [--scheduler ADDRESS] |
 robustness CH [--seeds S ...] [--jobs N] [--out DIR] [--scheduler ADDRESS] | book [--smoke | --preset P] |
 check-pages."""
@@ -6,9 +7,11 @@ check-pages."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-from iclnb.bookkit import pagecheck, runner
+from iclnb.bookkit import book, pagecheck, runner
 
 
 def _list(args) -> int:
@@ -17,15 +20,64 @@ def _list(args) -> int:
     return 0
 
 
+def papermill_line(ch: runner.Chapter, values: dict, output: str | None = None) -> str:
+    """A papermill command line that runs the executed notebook of ``ch`` (``book/chapters/``, or
+    the book's download button, or ``iclnb export``) with ``values``: scalars as ``-p NAME VALUE``,
+    lists and dicts in one ``-y`` YAML mapping (papermill's ``-p`` passes them as strings)."""
+    import shlex
+
+    import yaml
+    from papermill.cli import _resolve_type
+
+    # -p types a value by its look: a string that reads as a number, a bool or None goes in -y too
+    scalars = {k: v for k, v in values.items() if not isinstance(v, (list, tuple, dict))
+               and not (isinstance(v, str) and _resolve_type(v) != v)}
+    rest = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if k not in scalars}
+    words = ["papermill", f"book/chapters/{ch.slug}.ipynb", output or f"{ch.slug}.out.ipynb"]
+    for k, v in scalars.items():
+        words += ["-p", k, str(v)]
+    line = " ".join(shlex.quote(w) for w in words)
+    if rest:
+        flow = yaml.safe_dump(rest, default_flow_style=True, width=10_000).strip()
+        line += f' -y "{flow}"'
+    return line
+
+
 def _params(args) -> int:
     ch = runner.find_chapter(args.chapter)
     print(f"chapter {ch.number}: {ch.title}\n")
     params = ch.parameters()
     width = max(len(p.name) for p in params)
     for p in params:
-        print(f"  {p.name:{width}s}  {p.type:6s} = {p.default!r:12}  {p.help}")
+        note = "  (papermill: -y)" if isinstance(p.default, (list, tuple, dict)) else ""
+        print(f"  {p.name:{width}s}  {p.type:6s} = {p.default!r:12}  {p.help}{note}")
     for name, values in ch.presets.items():
         print(f"\n  {name} preset (iclnb run {ch.number} --preset {name}): {values}")
+    smoke = ch.presets.get("smoke", {}) | ({"enforce_claims": False} if "smoke" in ch.presets else {})
+    print("\n  with papermill (it reads .ipynb only: the executed notebook from book/chapters/ or the book's\n"
+          f"  download button, or `iclnb export {ch.number}`; lists and dicts go in papermill's -y YAML, not -p):")
+    print("    " + papermill_line(ch, smoke or {"seed": 1}, f"{ch.slug}.smoke.ipynb"))
+    return 0
+
+
+def export_chapter(chapter: runner.Chapter, output: str | os.PathLike | None = None) -> Path:
+    """Write ``chapter``'s source as a Jupyter notebook (``.ipynb``, what papermill and Jupyter read)
+    to ``output``: a path ending in ``.ipynb``, else a folder (made if needed) for ``NN_name.ipynb``;
+    default the working directory."""
+    import jupytext
+
+    path = Path(output or ".")
+    if path.suffix != ".ipynb":
+        path = path / f"{chapter.slug}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jupytext.write(chapter.notebook(), path, fmt="ipynb")
+    return path
+
+
+def _export(args) -> int:
+    ch = runner.find_chapter(args.chapter)
+    path = export_chapter(ch, args.output)
+    print(f"{path}  (papermill {path} out.ipynb -p NAME VALUE; `iclnb params {ch.number}` lists the names)")
     return 0
 
 
@@ -41,6 +93,7 @@ def _run(args) -> int:
     for c in r.claims.get("claims", []):
         print(f"  [{c['status']:8s}] {c['text']}: {c['value']} {c['condition']}")
     print(r.summary())
+    print(f"  training: {book.training_line(r.runs)}")
     return 0 if r.ok else 1
 
 
@@ -69,8 +122,6 @@ def _robustness(args) -> int:
 
 
 def _book(args) -> int:
-    from iclnb.bookkit import book
-
     return book.build_book(smoke=args.smoke, preset=args.preset)
 
 
@@ -85,6 +136,12 @@ def main(argv=None) -> int:
     p = sub.add_parser("params", help="a chapter's parameters, defaults and help")
     p.add_argument("chapter", help="chapter number or (part of its) name")
     p.set_defaults(fn=_params)
+    p = sub.add_parser("export", help="write a chapter source as a Jupyter notebook (.ipynb), for papermill or "
+                       "Jupyter")
+    p.add_argument("chapter", help="chapter number or (part of its) name")
+    p.add_argument("-o", "--output", help="the .ipynb path, or a folder to put NN_name.ipynb into (default: the "
+                   "working directory)")
+    p.set_defaults(fn=_export)
     p = sub.add_parser("run", help="execute one chapter with papermill")
     p.add_argument("chapter", help="chapter number or (part of its) name")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),

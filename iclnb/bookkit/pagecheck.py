@@ -7,6 +7,9 @@ are defects:
 - ``raw table``: markdown table syntax (``|---|``, or ``|—|`` after smart quotes) in the page's text;
 - ``raw TeX``: ``\\(``, ``\\[``, ``$$`` or ``\\begin{`` in the page's text after MathJax ran;
 - ``error output``: a traceback, papermill's error cell or a docutils error message;
+- ``stderr output``: a stderr stream among a cell's outputs, on the page or in the page's
+  downloadable notebook (``_sources/...ipynb``, which keeps what the book's ``nb_output_stderr:
+  remove`` hides): a log line of some process, not the chapter's output;
 - ``broken image``: an image that loaded no pixels;
 - ``broken link``: a link to a local file that does not exist;
 - ``external request``: any http(s)/ws(s) request the page made, and any script, stylesheet,
@@ -84,6 +87,7 @@ READ_PAGE = r"""
     text: text.join("\n"),
     errors: [...document.querySelectorAll(".traceback, .output.error, .system-message, #papermill-error-cell")]
       .map(e => e.innerText.trim().slice(0, 120)),
+    stderr: [...document.querySelectorAll(".output.stderr")].map(e => e.innerText.trim().slice(0, 120)),
     broken_images: images.filter(i => !i.naturalWidth).map(i => (i.currentSrc || i.src).slice(0, 120)),
     links: [...document.querySelectorAll("a[href]")].map(a => a.href),
     resources: [...document.querySelectorAll("script[src], link[href], img[src], iframe[src], source[src], " +
@@ -271,10 +275,32 @@ def _defects(seen: dict, requests: list[str]) -> list[tuple[str, str]]:
         found += [(kind, seen["text"][max(0, m.start() - 40):m.start() + 80].replace("\n", " "))
                   for m in pattern.finditer(seen["text"])][:3]
     found += [("error output", e) for e in seen["errors"]]
+    found += [("stderr output", e) for e in seen.get("stderr", [])]
     found += [("broken image", src) for src in seen["broken_images"]]
     found += [("broken link", url) for url in dict.fromkeys(seen["links"]) if _missing_local(url)]
     found += [("external request", url) for url in dict.fromkeys(requests + seen["resources"]) if _external(url)]
     return found
+
+
+def source_notebook(page: Path) -> Path | None:
+    """The downloadable notebook of a built page (``<html>/_sources/<page path>.ipynb``), or None."""
+    page = Path(page).resolve()
+    for root in page.parents:
+        found = root / "_sources" / page.relative_to(root).with_suffix(".ipynb")
+        if found.is_file():
+            return found
+    return None
+
+
+def notebook_stderr(notebook: Path) -> list[str]:
+    """Each stderr stream among the outputs of an executed notebook, as ``"cell N: text"``."""
+    try:
+        cells = json.loads(Path(notebook).read_text()).get("cells", [])
+    except (OSError, ValueError):
+        return []
+    return [f"in {Path(notebook).name}, cell {i}: " + "".join(out.get("text", "")).strip()[:120]
+            for i, cell in enumerate(cells, 1) for out in cell.get("outputs", [])
+            if out.get("output_type") == "stream" and out.get("name") == "stderr"]
 
 
 def check_pages(pages: list[Path], screenshots: Path | None = None, browser: str | None = None,
@@ -287,6 +313,8 @@ def check_pages(pages: list[Path], screenshots: Path | None = None, browser: str
             b.open(page.as_uri())
             seen = b.evaluate(READ_PAGE)
             r = PageReport(page, _defects(seen, b.requests), seen["math"], seen["images"])  # loading + scripts
+            source = source_notebook(page)
+            r.defects += [("stderr output", e) for e in (notebook_stderr(source) if source else [])]
             if screenshots is not None:
                 r.screenshots.append(b.screenshot(screenshots / f"{page.stem}-top.png"))
                 for what in ("figure", "table"):

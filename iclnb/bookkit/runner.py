@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 CHAPTERS_OUT = ROOT / "book" / "chapters"
 REPRO_PAGE = ROOT / "book" / "reproducibility.md"
+VERDICTS_PAGE = ROOT / "book" / "verdicts.md"  # every claim of the papers, one row each
 CHAPTER_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.md$")
 PRESETS = ("smoke", "paper")  # named parameter sets a chapter may declare in its front matter
 
@@ -194,6 +195,7 @@ class Result:
     preset: str = ""  # the preset the chapter ran with ("" for its defaults)
     runs: list = field(default_factory=list)  # how its training runs trained (iclnb.engine.train's $ICLNB_RUNS records)
     kernel_retries: list = field(default_factory=list)  # why each failed start of its kernel failed
+    kernel_log: str = ""  # the kernel's own stderr/stdout, kept beside the notebook when it said more than noise
 
     @property
     def claims_failed(self) -> int:
@@ -248,6 +250,36 @@ _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a
 # every start (the kernel is local, started by papermill on the loopback interface); a reader of
 # `iclnb run` should not see it. Errors of the kernel, and everything the notebook prints, still show.
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# what a kernel logs of its own is not the chapter's output. The kernel inherits its starter's
+# stdout and stderr; where that starter is itself a notebook's kernel (a sweep page's workers),
+# ipykernel forwards those descriptors into the page as a stderr stream, and a kernel interrupted
+# while idle (jupyter_client interrupts a kernel before shutting it down) logs "[IPKernelApp]
+# ERROR | KeyboardInterrupt caught in kernel." there. Kernels started here write both to
+# <notebook>.kernel.log instead, kept only when it holds more than these lines.
+KERNEL_NOISE = re.compile(r"KeyboardInterrupt caught in kernel|running over TCP without encryption")
+
+
+def _kernel_manager(log_file):
+    """An ``AsyncKernelManager`` class (nbclient's ``kernel_manager_class``) that starts kernels
+    with stdout and stderr to the open file ``log_file``."""
+    from jupyter_client import AsyncKernelManager
+
+    class LoggedKernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw):
+            kw.setdefault("stdout", log_file)
+            kw.setdefault("stderr", log_file)
+            return await super().start_kernel(**kw)
+
+    return LoggedKernelManager
+
+
+def _kernel_log_lines(path: Path) -> list[str]:
+    """The lines of a kernel log that say more than :data:`KERNEL_NOISE`."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip() and not KERNEL_NOISE.search(line)]
 
 
 def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | None = None,
@@ -292,6 +324,7 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
     cpath.unlink(missing_ok=True)
     rpath = output.with_suffix(".runs.jsonl")
     rpath.unlink(missing_ok=True)
+    kpath = output.with_suffix(".kernel.log")
     env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET", RUNS_ENV,
                                                  "ICLNB_CHAPTER_SOURCE", "ICLNB_PRESET")}
     os.environ["ICLNB_CLAIMS_JSON"] = str(cpath)
@@ -303,11 +336,12 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
     start = time.perf_counter()
     error, retries = "", []
     try:
-        with ChapterMonitor(output, log=log) if progress else contextlib.nullcontext():
+        with (ChapterMonitor(output, log=log) if progress else contextlib.nullcontext(),
+              open(kpath, "w") as klog):
             for attempt in range(1, KERNEL_TRIES + 1):
                 output.unlink(missing_ok=True)  # so that _started sees this try's notebook only
                 try:
-                    _execute(chapter.notebook(), output, params, progress)
+                    _execute(chapter.notebook(), output, params, progress, klog)
                     break
                 except pm.PapermillExecutionError:
                     raise
@@ -331,25 +365,34 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
             else:
                 os.environ[k] = v
     seconds = time.perf_counter() - start
+    said = _kernel_log_lines(kpath)
+    if not said:
+        kpath.unlink(missing_ok=True)
+    else:
+        log(f"chapter {chapter.number}: its kernel logged {len(said)} line(s) of its own, kept in {kpath}")
     claims = json.loads(cpath.read_text()) if cpath.exists() else {}
     runs = [json.loads(line) for line in rpath.read_text().splitlines()] if rpath.exists() else []
     if error and claims.get("failed") and claims.get("enforced"):
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
     if not error and output.exists():
         error = unformattable_glue(output)
-    return Result(chapter, output, params, seconds, error, claims, preset, runs, retries)
+    if error and said:
+        error += f" (the kernel's log, {kpath}, ends: {' | '.join(said[-3:])})"
+    return Result(chapter, output, params, seconds, error, claims, preset, runs, retries, str(kpath) if said else "")
 
 
 KERNEL_TRIES = 3  # starts of a chapter's kernel before its run is an error (see _run_chapter)
 
 
-def _execute(nb, output: Path, params: dict, progress: bool) -> None:
-    """One papermill execution of the notebook ``nb`` into ``output`` (raises what papermill raises)."""
+def _execute(nb, output: Path, params: dict, progress: bool, kernel_log=None) -> None:
+    """One papermill execution of the notebook ``nb`` into ``output`` (raises what papermill raises);
+    the kernel's own stdout and stderr go to the open file ``kernel_log`` (None: inherited)."""
     import papermill as pm
 
+    extra = {"kernel_manager_class": _kernel_manager(kernel_log)} if kernel_log is not None else {}
     pm.execute_notebook(nb, str(output), parameters=params, cwd=str(output.parent), kernel_name="python3",
                         progress_bar=not progress and sys.stderr.isatty(), log_output=False,
-                        extra_arguments=KERNEL_ARGUMENTS)
+                        extra_arguments=KERNEL_ARGUMENTS, **extra)
 
 
 def _started(output: Path) -> bool:
@@ -422,6 +465,10 @@ def _training_words(runs: list[dict]) -> str:
         text += f"; CUDA graph capture {sum(x.get('capture_seconds', 0.0) for x in graphs):.1f} s in all"
     if cached:
         text += f"; {cached} loaded from the run cache (as the original run trained)"
+    if any("train_seconds" in x for x in runs):  # the $ICLNB_RUNS lines say how long training took
+        from iclnb.bookkit.book import training_line  # book imports this module
+
+        text += f"; {training_line(runs)}"
     return text + "."
 
 
@@ -473,7 +520,19 @@ def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Pa
         if rows:
             from iclnb.bookkit.scorecard import ClaimsTable
 
-            lines += [_md_row(ClaimsTable.HEADERS), "|" + " --- |" * len(ClaimsTable.HEADERS)]
-            lines += [_md_row(ClaimsTable._cells(c)) for c in rows]
+            table = ClaimsTable(rows)  # the chapter's own columns; the scorecard above has the seeds
+            lines += [_md_row(table.HEADERS), "|" + " --- |" * len(table.HEADERS)]
+            lines += [_md_row(table._cells(c)) for c in rows]
     REPRO_PAGE.write_text("\n".join(lines) + "\n")
     return REPRO_PAGE
+
+
+def write_verdicts_page(results: list[Result]) -> Path:
+    """The book's "Verdicts" page (:func:`iclnb.bookkit.scorecard.verdicts_markdown`): every claim
+    of the three papers, grouped by paper and chapter, with its verdict, rival, pass rate over seeds
+    and paper-scale verdict; the first page after the introduction."""
+    from iclnb.bookkit.verdicts import verdicts_markdown
+
+    chapters = [(r.chapter.number, r.chapter.title, r.chapter.slug, r.claims) for r in results if r.claims]
+    VERDICTS_PAGE.write_text("\n".join(verdicts_markdown(chapters)) + "\n")
+    return VERDICTS_PAGE

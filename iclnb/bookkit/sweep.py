@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +117,7 @@ def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str,
     out.mkdir(parents=True, exist_ok=True)
     source = source_sha256(chapter.path)
     r = runner.run_chapter(chapter, params, output=out / f"{name}.ipynb", preset=preset, log=lambda *_: None,
-                           progress=False, warn=lambda m: print(f"{name}: {m}", file=sys.stderr, flush=True))
+                           progress=False, warn=lambda m: None)  # the parent's progress line reports retries
     device = r.parameters["device"] if "device" in r.parameters else (
         {p.name: p.default for p in chapter.parameters()}.get("device"))  # the defaults parsed only when needed
     record = {"name": name, "chapter": chapter.slug, "params": params, "preset": preset or "",
