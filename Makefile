@@ -39,4 +39,4 @@ lock: $(STAMP)  ## re-pin constraints.txt to what is installed (Python 3.11)
 	  | sed -e 's/+cpu//' -e 's/$$/ ; python_version == "3.11"/'; } > constraints.new && mv constraints.new constraints.txt
 
 clean:
-	rm -rf _build book/chapters book/reproducibility.md
+	rm -rf _build book/chapters book/reproducibility.md book/verdicts.md

@@ -10,7 +10,7 @@ import yaml
 from iclnb.bookkit import runner
 
 ROOT = runner.ROOT
-GENERATED = {"book/reproducibility"}  # written by `iclnb book`
+GENERATED = {"book/reproducibility", "book/verdicts"}  # written by `iclnb book`
 
 
 def toc_files():
@@ -85,6 +85,8 @@ def test_built_book_if_present():
         pytest.skip("book not built yet (make book)")
     assert "book/intro.html" in (html / "index.html").read_text()
     assert (html / "book" / "reproducibility.html").exists()
+    verdicts = html / "book" / "verdicts.html"
+    assert verdicts.exists() and "Verdicts" in verdicts.read_text()
     for ch in runner.chapters():
         page = html / "book" / "chapters" / f"{ch.slug}.html"
         if page.exists():

@@ -1,6 +1,30 @@
-"""Chapter 4 runs end to end with its tiny smoke parameters (claims recorded, not enforced)."""
+"""Chapter 4 runs end to end with its tiny smoke parameters (claims recorded, not enforced), its
+claims measured from the claim spec in its front matter (iclnb.bookkit.claimspec)."""
 
 import json
+
+from iclnb.bookkit import runner
+from iclnb.bookkit.claimspec import load_spec
+
+
+def test_chapter04_spec():
+    """Each question has the rival it needs; the rivals that cannot pass (a fixed window against
+    best windows that span a decade, a closed form of Sigma) left their claims reports."""
+    spec = load_spec(runner.find_chapter(4).path)
+    effect = {"w-rank-affine", "w-rank-relu", "w-rank-cosine", "norm-growth", "w-sigma"}
+    mechanism = {"adapt-risk", "exponent-matches-optimum", "gen-same-l", "gen-class", "gen-up", "gen-down",
+                 "softmax-beats-linear"}
+    assert {cid for cid, s in spec.items() if s.question == "effect"} == effect
+    assert {cid for cid, s in spec.items() if s.question == "mechanism"} == mechanism
+    assert all(spec[cid].rival_kind == "chance" for cid in effect)
+    for cid in ("grid-w-optimal", "sweep-w-optimal", "sigma-inverse", "iso-median"):  # demoted checks, dated
+        assert spec[cid].question == "report" and spec[cid].amended and spec[cid].amended[-1].when == "after", cid
+    assert spec["gen-up"].amended[0].was.startswith("slope in [1.7, 2.3]")
+    finding = spec["softmax-beats-linear"]  # the book's comparator (linear attention with an intercept)
+    assert finding.whose == "book" and finding.finding.when == "after" and finding.finding.commit == "4c6fbe1"
+    assert finding.finding_paper.when == "before"
+    assert spec["linear-no-intercept"].whose == "paper"  # the paper's own comparator, reported
+    assert spec["thm3-rates"].question == "not_attempted"
 
 
 def test_chapter04_smoke(smoke_run):
@@ -10,24 +34,25 @@ def test_chapter04_smoke(smoke_run):
     claims = {c["id"]: c for c in data["claims"]}
     kinds = {cid: c["kind"] for cid, c in claims.items()}
     chance = {"w-rank-affine", "w-rank-relu", "w-rank-cosine", "norm-growth", "w-sigma"}
-    competitor = {"grid-w-optimal", "adapt-risk", "exponent-matches-optimum", "sweep-w-optimal", "gen-same-l",
-                  "gen-class", "gen-up", "gen-down", "sigma-inverse"}
+    competitor = {"adapt-risk", "exponent-matches-optimum", "gen-same-l", "gen-class", "gen-up", "gen-down"}
     assert {cid for cid, kind in kinds.items() if kind == "check"} == chance | competitor
     for cid in chance:  # an order against the same values in a random order (a permutation test)
-        assert claims[cid]["null_kind"] == "chance" and claims[cid]["strength"] == "strong", cid
+        assert claims[cid]["null_kind"] == "chance" and claims[cid]["question"] == "effect", cid
     for cid in competitor | {"softmax-beats-linear"}:
-        assert claims[cid]["null_kind"] == "competitor", cid
+        assert claims[cid]["null_kind"] == "competitor" and claims[cid]["question"] == "mechanism", cid
+        assert claims[cid]["rival_kind"] in ("trained", "tuned"), cid
     for cid in ("adapt-risk", "gen-same-l"):  # A beats B, with both sides' own statistics
         assert claims[cid]["form"] == "ordering" and claims[cid]["basis"] == "mc", cid
     finding = claims["softmax-beats-linear"]
     assert finding["kind"] == "finding" and finding["declared"] == "after" and finding["commit"] == "4c6fbe1"
-    assert data["findings_source"].endswith("iclnb.findings")
-    reports = {"exponent-optimal", "exponent-bracket", "exponent-n-fixed", "iso-median", "iso-median-linear",
-               "cosine-beyond", "gen-matched", "softmax-more-context", "fixed-more-context", "rate-n",
-               "rate-n-fixed", "rate-sigma", "rate-sigma-fixed", "linear-no-intercept"}
-    assert all(kinds[cid] == "report" for cid in reports)
+    assert finding["own"] is True
+    reports = {"grid-w-optimal", "sweep-w-optimal", "sigma-inverse", "iso-median", "w-relu-l1", "w-star-relu-l1",
+               "linear-no-intercept", "softmax-more-context", "exponent-bracket", "rate-n", "rate-sigma",
+               "gen-matched"}
+    assert {cid for cid, kind in kinds.items() if kind == "report"} == reports
     assert kinds["thm3-rates"] == "not_attempted"
-    for c in data["claims"]:  # every evidence check carries its null's value from the run
+    for c in data["claims"]:  # every evidence check carries its rival's value from the run
         if c["kind"] in ("check", "finding"):
             assert c["null"] and c["null_value"] is not None and c["basis"], c["id"]
             assert not c["flags"], (c["id"], c["flags"])
+        assert c["words"], c["id"]  # every claim's verdict in words, from the spec

@@ -90,7 +90,7 @@ def test_scorecard_counts_strength_and_pass_rates(robustness):
     s1, w1, o1 = rows["Chapter 1", "strong-1"], rows["Chapter 1", "weak-1"], rows["Chapter 1", "ours-1"]
     assert s1[3:8] == ["the paper's", "competitor · strong", "theory: Theorem 2", "pass", "4 of 5 (stale)"]
     assert w1[4:8] == ["init · weak", "Monte Carlo: 3 × s.e. 0.001", "pass", "3 of 5 **not robust** (stale)"]
-    assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[11] == "new recipe: 7" and o1[8] == "not run"
+    assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[12] == "new recipe: 7" and o1[9] == "not run"
     assert rows["Chapter 1", "f-after"][6] == "not reproduced; finding, declared after a failing run (commit 8517d88)"
     assert rows["Chapter 1", "f-after"][7] == "0 of 5 (stale)"  # a finding: no "not robust" mark
     assert rows["Chapter 1", "f-old"][4] == "unstated · weak" and rows["Chapter 1", "f-old"][5] == "theory, unsupported"
@@ -137,9 +137,52 @@ def test_paper_scale_verdicts(robustness):
     assert paper_scale_cell("strong-1", five, False) == "holds at 4 of 5 seeds"
     lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
     rows = {r[1]: r for r in _table(lines, "paper scale")}
-    assert rows["strong-1"][8] == "holds (0)" and rows["f-old"][8] == "not in the record"
+    assert rows["strong-1"][9] == "holds (0)" and rows["f-old"][9] == "not in the record"
     note = next(line for line in lines if line.startswith("- Chapter 1 (larger run)"))
     assert "25 min" in note and "1 of 2 evidence checks hold" in note and "1 of 1 findings reproduced" in note
     table = ClaimsTable(_chapter()["claims"], chapter="01_a")
     assert table.HEADERS[-1] == "larger run" and "holds (0)" in repr(table)
     assert ClaimsTable(_chapter()["claims"]).HEADERS == ClaimsTable.BASE_HEADERS
+
+
+def test_verdicts_page(robustness, tmp_path, monkeypatch):
+    """Every claim with a verdict or a reason, grouped by paper and chapter, linked to its chapter;
+    a chapter without a spec says its rows use the older vocabulary."""
+    import test_claimspec
+
+    from iclnb.bookkit.claims import Claims
+    from iclnb.bookkit.verdicts import verdicts_markdown
+
+    src = tmp_path / "notebooks" / "02_spec.md"
+    src.parent.mkdir()
+    src.write_text(test_claimspec.SPEC_CHAPTER)
+    monkeypatch.setenv("ICLNB_CHAPTER_SOURCE", str(src))
+    monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(tmp_path / "c.json"))
+    c = Claims("02_spec")
+    c.measure("beats-linear", 0.10, rival=0.30, se=0.01)
+    c.measure("pattern", 0.99, rival=0.985)
+    c.measure("ranked", 0.95, rival=0.2, threshold=0.6, se=0.1)
+    c.measure("late", 2.0, rival=3.0)
+    c.measure("size", 7)
+    c.finish()
+    lines = verdicts_markdown([(1, "1. Old", "01_a", _chapter()), (2, "2. New", "02_spec", c.to_dict())])
+    text = "\n".join(lines)
+    assert lines[0] == "# Verdicts" and "Chapters 1 still record their claims the older way" in text
+    assert text.index("## Seed 000") < text.index("### 1. Old") < text.index("## Seed 001") < text.index("### 2. New")
+    rows = {r[0].split("`")[1]: r for r in (line.strip("|").split(" | ") for line in lines
+                                            if line.startswith("| `"))}
+    assert rows["pattern"][2] == "**holds, shared with linear attention's diag ratio**"
+    assert rows["ranked"][1] == "effect" and rows["late"][2] == "**not reproduced**"
+    assert rows["rate"][2] == "**not attempted**" and "size" not in rows and "s" not in rows
+    assert rows["strong-1"][2] == "**passes against a competitor (older vocabulary)**"
+    assert rows["beats-linear"][6].strip() == "{doc}`chapter 2 <chapters/02_spec>`"
+    assert rows["beats-linear"][4] == "no record" and rows["beats-linear"][5] == "not run"
+
+
+def test_margins_over_seeds():
+    from iclnb.bookkit.scorecard import margins_cell
+
+    rec = {"claims": {"a": {"values": [0.1, 0.2], "rivals": [0.6, 0.45], "thresholds": [0.5, 0.5]}}}
+    assert margins_cell({"id": "a", "op": "<"}, rec) == "0.3 to 0.4; -0.1 to 0.05"
+    assert margins_cell({"id": "a", "op": "<", "form": "ordering"}, rec) == "0.3 to 0.4; (its threshold)"
+    assert margins_cell({"id": "a", "op": "<"}, {"claims": {"a": {"values": [0.1]}}}) == ""

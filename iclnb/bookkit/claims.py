@@ -18,13 +18,12 @@ sweeps match on ids, never on wording):
   ``ordering``, evaluated and shown with when it was declared, never enforced;
 * :meth:`Claims.report` (a number, no threshold), :meth:`Claims.sanity` (the library's own
   exact math: enforced, shown apart, no null), :meth:`Claims.not_attempted`.
+* :meth:`Claims.measure`: a claim declared once in the chapter's claim spec
+  (:mod:`iclnb.bookkit.claimspec`), measured by one statement, its verdict in words.
 
-Transition: a check without ``null_kind`` records ``"unstated"`` (weak); a basis lacking the
-fields it needs is flagged "unsupported basis"; a non-finite null without ``null_kind`` and a
-finding given as ``findings={id: why}`` (declared "unknown") are flagged too. The flags are in
-the JSON (:func:`transitional` lists them). Every chapter is converted, so ``strict`` is on by
-default: each transitional form is a ValueError; ``Claims(..., strict=False)`` (or
-``$ICLNB_CLAIMS_STRICT=0``) accepts them, flagged, for a chapter in the middle of a conversion.
+Transition: ``strict`` (on by default) makes each older, weaker form a ValueError: a check
+without ``null_kind``, a basis lacking its fields, a non-finite null, an undated finding;
+``strict=False`` (``$ICLNB_CLAIMS_STRICT=0``) records them flagged (:func:`transitional`).
 
 :meth:`Claims.finish` shows the table (:mod:`iclnb.bookkit.scorecard` renders it), writes the
 JSON (to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else ``<chapter>.claims.json``) and,
@@ -42,36 +41,28 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# A comparison maps (measured value, threshold) to pass/fail.
-OPS = {
-    "<": lambda v, t: v < t,
-    "<=": lambda v, t: v <= t,
-    ">": lambda v, t: v > t,
-    ">=": lambda v, t: v >= t,
-    "in": lambda v, t: t[0] <= v <= t[1],
-    "is": lambda v, t: v is t,
-}
+from iclnb.bookkit.claimspec import (  # noqa: F401 - where a chapter's declarations are read, re-exported
+    CLAIMS_ENV,
+    OPS,
+    PRESET_ENV,
+    SOURCE_ENV,
+    _fmt,
+    _meets,
+    _plain,
+    _real,
+    chapter_source,
+    claims_target,
+    declared_findings,
+    entry_history,
+    finding_declaration,
+    front_matter,
+    load_spec,
+    verdict,
+)
 
 
 class ClaimsFailed(AssertionError):
     """Raised by :meth:`Claims.finish` when a claim fails and the chapter enforces its claims."""
-
-
-def _fmt(x) -> str:
-    """A compact, readable rendering of a measured value or threshold."""
-    if isinstance(x, bool) or x is None:
-        return str(x)
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_fmt(v) for v in x) + "]"
-    if isinstance(x, int):
-        return f"{x:d}"
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-            return f"{x:.3g}"
-        return f"{x:.4g}"
-    return str(x)
 
 
 KINDS = ("check", "finding", "report", "sanity", "not_attempted")
@@ -90,8 +81,6 @@ NULL_KINDS = {"competitor": "strong", "chance": "strong", "init": "weak"}
 UNSTATED = "unstated"  # transition: a check that names no null kind (counts as weak)
 DECLARED = ("before", "after")  # when a finding was declared: before the run, or after a failing run
 STRICT_ENV = "ICLNB_CLAIMS_STRICT"  # "1": every transitional form is a ValueError
-SOURCE_ENV = "ICLNB_CHAPTER_SOURCE"  # the chapter's .md source (set by the runner)
-PRESET_ENV = "ICLNB_PRESET"  # the preset the chapter runs with ("paper", "smoke" or empty)
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -124,6 +113,14 @@ class Claim:
     own: bool = False  # the book's own claim, not the paper's
     untrained_ok: str = ""  # evidence not about a trained model: why it may hold with untrained models
     flags: list = field(default_factory=list)  # transitional forms this claim uses (see transitional)
+    # a claim measured from the chapter's spec (Claims.measure; iclnb.bookkit.claimspec):
+    question: str = ""  # effect, mechanism, sanity, report or not_attempted
+    rival_kind: str = ""  # trained, tuned or chance
+    words: str = ""  # its verdict in words (claimspec.verdict)
+    quote: str = ""  # the paper's words
+    amended: list = field(default_factory=list)  # changes of its rule: {when, was, why, commit}
+    spec_commit: str = ""  # the commit at which its spec entry last changed ("uncommitted", "unknown")
+    spec_date: str = ""  # that commit's date
 
     @property
     def holds(self) -> bool | None:
@@ -135,6 +132,9 @@ class Claim:
     def verdict(self, enforced: bool = True) -> str:
         """The status shown on the page; a claim of a run that does not enforce its claims never
         reads as an enforced "pass"."""
+        if self.words:  # a claim of the spec: its verdict in words
+            return self.words if enforced or self.kind in ("report", "not_attempted") else \
+                f"{self.words} (not enforced)"
         if self.kind == "not_attempted":
             return "not attempted"
         if self.kind == "finding":
@@ -167,89 +167,9 @@ class Claim:
         return f"{self.op} {_fmt(self.threshold)}"
 
 
-def _plain(x):
-    """Turn numpy/torch scalars into plain Python numbers (JSON-safe, comparable)."""
-    if hasattr(x, "item") and getattr(x, "ndim", 0) == 0:
-        x = x.item()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_plain(v) for v in x)
-    return x
-
-
-def _real(x) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _meets(value, op: str, threshold) -> bool:
-    """Whether ``value <op> threshold``; a non-finite or non-numeric value fails every comparison
-    but ``is``."""
-    return value is threshold if op == "is" else _real(value) and bool(OPS[op](value, threshold))
-
-
-def front_matter(path: str | os.PathLike) -> dict:
-    """The YAML front matter of a chapter source (``{}`` when it has none)."""
-    import yaml  # installed with jupyter-book
-
-    m = re.match(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|$)", Path(path).read_text(), re.S)
-    data = yaml.safe_load(m.group(1)) if m else None
-    return data if isinstance(data, dict) else {}
-
-
-def chapter_source(chapter: str) -> Path | None:
-    """The chapter's .md source: ``$ICLNB_CHAPTER_SOURCE`` when it names this chapter (the runner
-    sets it), else ``notebooks/<chapter>.md`` in the working directory or a folder above it."""
-    env = os.environ.get(SOURCE_ENV)
-    if env and Path(env).stem == chapter and Path(env).is_file():
-        return Path(env)
-    here = Path.cwd().resolve()
-    found = [p for d in (here, *here.parents) for p in (d / "notebooks" / f"{chapter}.md", d / f"{chapter}.md")
-             if p.parent.name == "notebooks" and p.is_file()]
-    return found[0] if found else None
-
-
-def _declaration(cid, v, dated: bool) -> dict:
-    """A finding's declaration ``{declared, why, commit}``; ``dated=False`` (an explicit dict given
-    to :class:`Claims`) also accepts a bare reason, declared "unknown"."""
-    if not (isinstance(cid, str) and ID.match(cid)):
-        raise ValueError(f"findings: {cid!r} is not a claim id")
-    if isinstance(v, str) and not dated:
-        v = {"declared": "unknown", "why": v}
-    elif not isinstance(v, dict) or v.get("declared") not in DECLARED:
-        raise ValueError(f"finding {cid!r}: declare it as {{declared: before | after, why: ..., commit: ...}} "
-                         f"(after: after a failing run); got {v!r}")
-    if set(v) - {"declared", "why", "commit"}:
-        raise ValueError(f"finding {cid!r}: unknown fields {sorted(set(v) - {'declared', 'why', 'commit'})}")
-    why, commit = v.get("why"), v.get("commit") or ""
-    if not (isinstance(why, str) and why.strip()):
-        raise ValueError(f"finding {cid!r} needs why it does not reproduce (would more training change it?)")
-    if not isinstance(commit, str):
-        raise ValueError(f"finding {cid!r}: commit={commit!r} must be a string (quote it in the front matter)")
-    return {"declared": v["declared"], "why": why.strip(), "commit": commit.strip()}
-
-
-def declared_findings(chapter: str) -> tuple[dict, str]:
-    """The findings the chapter's front matter declares, and where they come from.
-
-    Read from ``iclnb: findings:`` in :func:`chapter_source` (``iclnb: findings_paper:`` instead
-    when ``$ICLNB_PRESET`` is ``paper`` and the chapter has that key); each entry is ``id:
-    {declared: before | after, why: "...", commit: abc1234}`` (commit optional). ``({}, "")``
-    when the source is not found."""
-    path = chapter_source(chapter)
-    if path is None:
-        return {}, ""
-    meta = front_matter(path).get("iclnb") or {}
-    key = "findings_paper" if os.environ.get(PRESET_ENV) == "paper" and "findings_paper" in meta else "findings"
-    found = meta.get(key) or {}
-    if not isinstance(found, dict):
-        raise ValueError(f"{path}: iclnb.{key} must map claim ids to declarations")
-    return {cid: _declaration(cid, v, dated=True) for cid, v in found.items()}, f"{path.name}: iclnb.{key}"
-
-
 def transitional(data: dict) -> list[str]:
     """The transitional forms a claims JSON (``Claims.to_dict()``) still uses, one ``"id: flag"``
-    each (null kind unstated, unsupported basis, a non-finite null, a finding not dated); empty
-    when the chapter is fully converted (what ``strict`` enforces)."""
+    each; empty when the chapter is fully converted (what ``strict`` enforces)."""
     return [f"{r['id']}: {flag}" for r in data.get("claims", []) for flag in r.get("flags", [])]
 
 
@@ -297,16 +217,35 @@ class Claims:
     strict: bool | None = None
     findings_source: str = ""  # where the findings were declared: "<file>: iclnb.findings", "explicit"
     findings_skipped: list = field(default_factory=list)  # declared, left out of this run by its parameters
+    spec: dict | None = None  # the claim spec (id -> ClaimSpec); None: the chapter's front matter (claimspec)
 
     def __post_init__(self):
         if self.strict is None:
             self.strict = os.environ.get(STRICT_ENV, "1").strip().lower() not in ("0", "false", "no")
+        self._path = claims_target(self.chapter)  # checked now: a run must not fail at its last cell over it
+        source = chapter_source(self.chapter)
+        if self.spec is None:
+            self.spec = load_spec(source) if source is not None else {}
         if self.findings is None:
             self.findings, self.findings_source = declared_findings(self.chapter)
+            if not self.findings:
+                self.findings_source = ""
+            preset = os.environ.get(PRESET_ENV) or None
+            for cid, spec in self.spec.items():
+                d = spec.finding_at(preset)
+                if d is None:
+                    continue
+                if cid in self.findings:
+                    raise ValueError(f"finding {cid!r} is declared twice: in iclnb.findings and in its claim spec")
+                self.findings[cid] = {"declared": d.when, "why": d.why, "commit": d.commit}
+                key = "finding_paper" if d is spec.finding_paper else "finding"
+                where = f"{source.name if source else self.chapter}: iclnb.claims ({key})"
+                if where not in self.findings_source:
+                    self.findings_source = "; ".join(x for x in (self.findings_source, where) if x)
         else:
             self.findings_source = self.findings_source or "explicit"
             for cid, v in self.findings.items():
-                if _declaration(cid, v, dated=False)["declared"] == "unknown" and self.strict:
+                if finding_declaration(cid, v, dated=False)["declared"] == "unknown" and self.strict:
                     raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
 
     def _add(self, claim: Claim) -> Claim:
@@ -356,7 +295,7 @@ class Claims:
                    own=bool(own) or ref.strip().lower() == "ours", flags=flags, kind="check",
                    untrained_ok=str(untrained_ok or "").strip())
         if cid in self.findings:
-            d = _declaration(cid, self.findings[cid], dated=False)
+            d = finding_declaration(cid, self.findings[cid], dated=False)
             out.update(kind="finding", note=d["why"], declared=d["declared"], commit=d["commit"])
             if d["declared"] == "unknown" and self.strict:
                 raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
@@ -419,6 +358,64 @@ class Claims:
                       null_value=rival, null_passed=None, form="ordering", a=a.strip(), margin=margin, **ev)
         return self._add(claim).holds
 
+    def measure(self, cid: str, value, rival=None, *, se=None, threshold=None, detail: str = "") -> bool | None:
+        """Record the claim ``cid`` of the chapter's spec (:mod:`iclnb.bookkit.claimspec`) at the
+        measured ``value``: one statement per claim, everything else comes from the spec.
+
+        ``rival``: the rival's value, measured in the same run (effect and mechanism claims);
+        ``se``: the standard error where the basis is ``mc``; ``threshold``: the threshold where
+        the spec says it is ``measured`` in the run; ``detail``: run-specific words appended to
+        the statistic (e.g. a p-value). Returns whether the value passes (None for a report)."""
+        if cid not in self.spec:
+            raise ValueError(f"claim {cid!r} is not in the claim spec of {self.chapter} "
+                             f"(declared: {', '.join(self.spec) or 'none'})")
+        sp = self.spec[cid]
+        text = sp.statistic + (f" ({detail})" if detail else "")
+        common = dict(ref=sp.where, paper=sp.paper, own=sp.whose == "book")
+        if sp.question in ("effect", "mechanism"):
+            ev = dict(null_kind=sp.null_kind, basis=sp.basis, basis_ref=sp.basis_ref, se=se,
+                      se_multiple=sp.se_multiple, untrained_ok=sp.untrained_ok, **common)
+            if sp.ordering:
+                self.ordering(cid, text, value, rival, sp.compare, a=sp.statistic, b=sp.rival, margin=sp.margin, **ev)
+            else:
+                bound = threshold if sp.threshold == "measured" else sp.threshold
+                if bound is None:
+                    raise ValueError(f"claim {cid!r}: its spec says the threshold is measured in the run "
+                                     f"({sp.threshold_rule}); give threshold=")
+                self.check(cid, text, value, sp.compare, bound, null=sp.rival, null_value=rival, **ev)
+        elif sp.question == "sanity":
+            self.sanity(cid, text, value, sp.compare, threshold if sp.threshold == "measured" else sp.threshold,
+                        ref=sp.where)
+        elif sp.question == "report":
+            self.report(cid, text, value, **common)
+        else:
+            self.not_attempted(cid, text, sp.why, ref=sp.where, paper=sp.paper)
+        claim = self.claims[-1]
+        history = self._history().get(cid)
+        claim.question, claim.rival_kind, claim.quote = sp.question, sp.rival_kind, sp.quote
+        claim.amended = [{"when": a.when, "was": a.was, "why": a.why, "commit": a.commit} for a in sp.amended]
+        claim.spec_commit, claim.spec_date = (history.commit, history.date) if history else ("unknown", "")
+        claim.words = verdict(sp, claim.passed, claim.null_passed, os.environ.get(PRESET_ENV) or None)
+        return claim.passed
+
+    def box(self, cid: str, how: str = ""):
+        """The verdict box of claim ``cid`` (measured already), for the end of its section
+        (:class:`iclnb.bookkit.scorecard.VerdictBox`); ``how``: a sentence on the methodology
+        for its collapsed block (why this rival, where the threshold came from)."""
+        from iclnb.bookkit.verdicts import VerdictBox
+
+        rows = {r["id"]: r for r in self.to_dict()["claims"]}
+        if cid not in rows:
+            raise ValueError(f"claim {cid!r} has not been measured yet in {self.chapter}")
+        return VerdictBox(rows[cid], chapter=self.chapter, how=how)
+
+    def _history(self) -> dict:
+        """Per claim of the spec, when its entry last changed (git, read once)."""
+        if getattr(self, "_spec_history", None) is None:
+            source = chapter_source(self.chapter)
+            self._spec_history = entry_history(source) if source is not None and self.spec else {}
+        return self._spec_history
+
     def sanity(self, cid: str, text: str, value, op: str, threshold, ref: str = "") -> bool:
         """Record a sanity check ``value <op> threshold``: a check of the library's own exact math,
         which cannot fail except through a bug. Enforced like :meth:`check`, shown apart from the
@@ -448,6 +445,16 @@ class Claims:
             if cid not in self.findings_skipped:
                 self.findings_skipped.append(cid)
 
+    def skip(self, *cids: str) -> None:
+        """Claims of the spec that this run does not measure because its parameters leave them out
+        (e.g. a head count the run does not train): not "never measured", listed in the JSON
+        (``findings_skipped``, with the skipped findings)."""
+        for cid in cids:
+            if cid not in (self.spec or {}):
+                raise KeyError(f"{cid!r} is not in the claim spec of {self.chapter}")
+            if cid not in self.findings_skipped:
+                self.findings_skipped.append(cid)
+
     def __getitem__(self, cid: str) -> Claim:
         found = [c for c in self.claims if c.id == cid]
         if not found:
@@ -458,8 +465,15 @@ class Claims:
     def failed(self) -> list[Claim]:
         """Enforced claims that do not hold: a failed sanity check, an evidence check whose value
         fails or whose null passes."""
-        return [c for c in self.claims if (c.kind == "check" and c.holds is False)
+        return [c for c in self.claims if (c.kind == "check" and c.holds is False and not c.words.startswith("holds"))
                 or (c.kind == "sanity" and c.passed is False)]
+
+    @property
+    def unmeasured(self) -> list[str]:
+        """Claims of the spec never measured (nor skipped as findings); not-attempted ones are
+        recorded by :meth:`finish` itself."""
+        done = {c.id for c in self.claims} | set(self.findings_skipped)
+        return [cid for cid, sp in (self.spec or {}).items() if cid not in done and sp.question != "not_attempted"]
 
     @property
     def missing_findings(self) -> list[str]:
@@ -498,7 +512,8 @@ class Claims:
         }
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        path = Path(path or os.environ.get("ICLNB_CLAIMS_JSON") or f"{self.chapter}.claims.json")
+        """Write the JSON to ``path``, else where :func:`claims_target` said when the claims were created."""
+        path = Path(path) if path else getattr(self, "_path", None) or claims_target(self.chapter)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str))
         os.replace(tmp, path)
@@ -512,12 +527,17 @@ class Claims:
 
     def finish(self):
         """Write the JSON, return the table for display, raise if enforced and a claim failed."""
+        recorded = {c.id for c in self.claims}
+        for cid, sp in (self.spec or {}).items():
+            if sp.question == "not_attempted" and cid not in recorded:
+                self.measure(cid, None)
         self.save()
         problems = [f"- {c.text}: measured {_fmt(c.value)}, needs {c.condition}"
                     + (f"; its null ({c.null}) also meets it with {_fmt(c.null_value)}, so the check "
                        "cannot tell the two apart" if c.passed and c.null_passed else "")
                     for c in self.failed]
         problems += [f"- finding {cid!r} was declared but never recorded" for cid in self.missing_findings]
+        problems += [f"- claim {cid!r} of the spec was never measured" for cid in self.unmeasured]
         if self.enforce and problems:
             # Show the table before raising so the page still tells which claims failed.
             try:

@@ -12,13 +12,14 @@ seeds already run from the same chapter source). The record goes to
      "commit": "<git HEAD>", or "<git HEAD>-dirty" when the chapter source or iclnb/ differ from it,
      "source_sha256": "<SHA-256 of notebooks/NN_name.md>", "device": "<in words>",
      "date": "<ISO 8601, UTC>", "params": {<every other parameter, as the runs had it>},
-     "claims": {"<id>": {"kind": ..., "group": ..., "values": [...], "passed": [...],
-                         "null_passed": [...], "holds": [...], "status": [...]}},
+     "claims": {"<id>": {"kind": ..., "group": ..., "values": [...], "rivals": [...], "thresholds": [...],
+                         "passed": [...], "null_passed": [...], "holds": [...], "status": [...]}},
      "errors": {"<seed>": "<the failing cell and why>"}}
 
 Each list of a claim has one entry per seed, in the order of ``seeds`` (``None`` where that
 seed's run recorded no such claim, e.g. it failed before), taken from the run's claims JSON
-(:meth:`iclnb.bookkit.claims.Claims.to_dict`): ``passed``, the value meets the threshold;
+(:meth:`iclnb.bookkit.claims.Claims.to_dict`): ``rivals``, the rival's (the null's) value;
+``thresholds``, the threshold the seed's run compared both with; ``passed``, the value meets the threshold;
 ``null_passed``, the null's value meets it too; ``holds``, the verdict (:func:`holds`,
 :func:`pass_rate`). :func:`robustness_record` reads a record and
 :func:`is_stale` says whether the chapter's source changed since it was written.
@@ -41,7 +42,8 @@ PAPER_RECORDS = runner.ROOT / "book" / "paper"  # the paper-scale records (``--p
 SEEDS = (0, 1, 2, 3, 4)
 ENFORCE = "enforce_claims"  # the parameter every chapter has: raise when a claim fails
 # a claim's per-seed lists in a record, and the field of the claims JSON each is taken from
-LISTS = {"values": "value", "passed": "passed", "null_passed": "null_passed", "holds": "holds", "status": "status"}
+LISTS = {"values": "value", "rivals": "null_value", "thresholds": "threshold", "passed": "passed",
+         "null_passed": "null_passed", "holds": "holds", "status": "status"}
 
 
 def _git(*args: str) -> str | None:

@@ -130,6 +130,10 @@ class ClaimsTable:
                 for r in self.rows if r.get("kind") == "finding" and r.get("note")]
 
     def _repr_html_(self) -> str:
+        if self.spec_mode:
+            warn = "" if self.enforced else \
+                f'<p class="iclnb-not-enforced"><b>{html.escape(self.NOT_ENFORCED)}</b></p>'
+            return warn + self._spec_html()
         head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
         body = []
         for heading, rows in self.groups():
@@ -153,10 +157,94 @@ class ClaimsTable:
 
     def __repr__(self) -> str:
         text = [] if self.enforced else [self.NOT_ENFORCED]
-        text += [f"{heading}:\n" + "\n".join(" | ".join(self._cells(r)) for r in rows)
-                 for heading, rows in self.groups()]
+        if self.spec_mode:
+            for heading, rows, headers in self.spec_groups():
+                text.append(f"{heading}:\n" + "\n".join(" | ".join(self._spec_cells(r, headers)) for r in rows))
+        else:
+            text += [f"{heading}:\n" + "\n".join(" | ".join(self._cells(r)) for r in rows)
+                     for heading, rows in self.groups()]
         text += [f"finding {cid} ({when}): {why}" for cid, when, why in self.findings()]
+        text += [f"amended {cid} ({when}): {words}" for cid, when, words in self.amendments()]
         return "\n".join(text)
+
+    # ---- a chapter whose claims come from its spec (iclnb.bookkit.claimspec) -----------------------
+    SPEC_HEADERS = ("claim", "question", "measured", "threshold (its basis)", "rival [how obtained]: its value",
+                    "verdict")
+    REPORT_HEADERS = ("id", "number", "value", "where")
+
+    @property
+    def spec_mode(self) -> bool:
+        return any(r.get("question") for r in self.rows)
+
+    def spec_groups(self) -> list[tuple[str, list[dict], tuple]]:
+        """(heading, rows, headers) of the verdicts, the sanity checks and the reported numbers."""
+        extra = () if self.records is None else ("over seeds (defaults)", paper_heading(self.paper[0]))
+        verdicts = [r for r in self.rows if r.get("kind") in ("check", "finding", "not_attempted")]
+        sanity = [r for r in self.rows if r.get("kind") == "sanity"]
+        reports = [r for r in self.rows if r.get("kind") == "report"]
+        out = [("Verdicts", verdicts, (*self.SPEC_HEADERS, *extra, "spec last changed"))]
+        out += [("Sanity checks (the library's own exact math: these can fail only through a bug)", sanity,
+                 ("claim", "measured", "threshold", "verdict"))] if sanity else []
+        out += [("Reported numbers (no verdict)", reports, self.REPORT_HEADERS)] if reports else []
+        return [g for g in out if g[1]]
+
+    def _spec_cells(self, r: dict, headers: tuple) -> list[str]:
+        whose = (f"“{r['quote']}” ({r.get('ref', '')})" if r.get("quote")
+                 else "the book's own" + (f" ({r['ref']})" if r.get("ref") and not is_own(r) else ""))
+        claim = f"{r['id']}: {whose}"
+        if headers == self.REPORT_HEADERS:
+            return [r["id"], r["text"], _fmt(r["value"]), r.get("ref") or ""]
+        if r.get("kind") == "sanity":
+            return [f"{r['id']}: {r['text']}", _fmt(r["value"]), _condition_cell(r), r["status"]]
+        attempted = r.get("kind") != "not_attempted"
+        rival = ""
+        if attempted and r.get("null"):
+            rival = f"{r['null']} [{r.get('rival_kind', '')}]: {_fmt(r.get('null_value'))}"
+        measured = f"{r['text']}: {_fmt(r['value'])}" if attempted else r.get("note", "")
+        cells = [claim, r.get("question", ""), measured, _condition_cell(r) if attempted else "", rival, r["status"]]
+        if len(headers) > len(self.SPEC_HEADERS) + 1:
+            cells += [_seeds_cell(r, *self.records).replace("**", "") if attempted else "",
+                      paper_scale_cell(r["id"], *self.paper) if attempted else ""]
+        changed = r.get("spec_commit") or ""
+        return cells + [f"{changed} {r.get('spec_date') or ''}".strip()]
+
+    def amendments(self) -> list[tuple[str, str, str]]:
+        """(id, when, what changed) of every amended rule, the earlier rule included."""
+        when = {"before": "before any run tested it", "after": "after a run that tested it"}
+        return [(r["id"], when.get(a.get("when"), a.get("when", "")) + (f", commit {a['commit']}" if a.get("commit")
+                                                                        else ""),
+                 f"was {a.get('was', '')}; {a.get('why', '')}")
+                for r in self.rows for a in r.get("amended") or []]
+
+    def _spec_html(self) -> str:
+        parts = []
+        for heading, rows, headers in self.spec_groups():
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+            body = []
+            for r in rows:
+                cells = [html.escape(c) for c in self._spec_cells(r, headers)]
+                if headers != self.REPORT_HEADERS:
+                    v = headers.index("verdict")
+                    status = r["status"]
+                    color = ("#1a7f37" if status.startswith("holds") and "shared" not in status else
+                             "#0969da" if "shared" in status else "#9a6700" if status.startswith("not reproduced")
+                             else "#57606a" if status.startswith(("not attempted", "reported")) else "#cf222e")
+                    cells[v] = f'<b style="color:{color}">{cells[v]}</b>'
+                body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            table = (f'<table class="iclnb-claims"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+                     "</tbody></table>")
+            if headers == self.REPORT_HEADERS:
+                table = f"<details><summary>{html.escape(heading)}: {len(rows)}</summary>{table}</details>"
+            else:
+                table = f"<p><b>{html.escape(heading)}</b></p>{table}"
+            parts.append(table)
+        notes = "".join(f"<li><code>{html.escape(cid)}</code> ({html.escape(when)}): {html.escape(why)}</li>"
+                        for cid, when, why in self.findings())
+        parts.append(f'<p>Findings:</p><ul class="iclnb-findings">{notes}</ul>' if notes else "")
+        amended = "".join(f"<li><code>{html.escape(cid)}</code> amended {html.escape(when)}: {html.escape(w)}</li>"
+                          for cid, when, w in self.amendments())
+        parts.append(f'<p>Rules amended:</p><ul class="iclnb-amended">{amended}</ul>' if amended else "")
+        return "".join(parts)
 
 
 def _md_row(cells) -> str:
@@ -269,7 +357,34 @@ SUMMARY_HEADERS = ("chapter", "evidence: strong", "evidence: weak", "sanity", "f
                    "findings declared after a failing run", "findings not dated", "reported", "not attempted",
                    "evidence holding at ≥ 4 of 5 seeds")
 CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "null kind", "threshold's basis", "at this run", "over seeds",
-                 "paper scale (or larger run)", "ref", "paper's value", "ours", "null's value")
+                 "margins over seeds: value; rival", "paper scale (or larger run)", "ref", "paper's value", "ours",
+                 "null's value")
+
+
+def _margin(value, threshold, op: str):
+    """How far ``value`` is on the passing side of ``threshold`` (negative: it fails); None where
+    either is not a number."""
+    if not (isinstance(value, (int, float)) and isinstance(threshold, (int, float))) or isinstance(value, bool):
+        return None
+    return threshold - value if op in ("<", "<=") else value - threshold if op in (">", ">=") else None
+
+
+def margins_cell(r: dict, rec: dict | None) -> str:
+    """A check's margins over the seeds of its robustness record: the value's and the rival's
+    distance to the threshold, each as the range over seeds (positive: on the passing side, so a
+    rival with a positive margin passes too). "" where the record keeps no rivals or thresholds."""
+    c = (rec or {}).get("claims", {}).get(r["id"]) or {}
+    values, rivals, thresholds = (c.get(k) or [] for k in ("values", "rivals", "thresholds"))
+    op = r.get("op") or ""
+    if not thresholds or op not in ("<", "<=", ">", ">="):
+        return ""
+
+    def span(xs):
+        ms = [m for m in (_margin(x, t, op) for x, t in zip(xs, thresholds)) if m is not None]
+        return "" if not ms else f"{_fmt(min(ms))} to {_fmt(max(ms))}" if len(ms) > 1 else _fmt(ms[0])
+
+    rival = span(rivals) if r.get("form") != "ordering" else "(its threshold)"
+    return f"{span(values)}; {rival}"
 
 
 def _counts(data: dict) -> list[int]:
@@ -333,6 +448,7 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             claim_rows.append([title, r["id"], r["text"], "the book's own" if is_own(r) else "the paper's",
                                null_tag(r), basis_words(r), _verdict_cell(r),
                                _seeds_cell(r, rec, stale) if attempted else "",
+                               margins_cell(r, rec) if attempted else "",
                                paper_scale_cell(r["id"], prec, pstale) if attempted else "",
                                r.get("ref", ""), "" if paper is None else _fmt(paper), _measured_cell(r),
                                _fmt(r.get("null_value")) if attempted else ""])
@@ -360,61 +476,3 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             + (paper_notes or ["No paper-scale records yet."])
             + ["", "### Every claim in scope", "", _md_row(CLAIM_HEADERS), "|" + " --- |" * len(CLAIM_HEADERS)]
             + [_md_row(row) for row in claim_rows])
-
-
-
-
-def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -> str:
-    """A chapter's paper-scale record in words, for its "What reproduces" section (markdown).
-
-    ``chapter``: its stem; ``findings``: the ids declared findings at the defaults (None: the
-    chapter's ``iclnb: findings:``), so the text can say which of them hold at paper scale. Read from the
-    committed record (``book/paper/<chapter>.json``); says so when there is none, and when the
-    chapter's source changed since it was written (stale)."""
-    rec, stale = _records([chapter], paper=True)[chapter]
-    if findings is None:
-        from iclnb.bookkit.claims import chapter_source, front_matter
-
-        source = chapter_source(chapter)
-        findings = list(((front_matter(source).get("iclnb") or {}).get("findings") or {}) if source else [])
-    if rec is None:
-        return (f"**Paper scale.** Not run yet: `iclnb robustness {chapter} --preset paper` runs the chapter's "
-                "`paper` preset at seed 0 and writes its record to `book/paper/`.")
-    from iclnb.bookkit.robustness import holds
-
-    scale = rec.get("scale") or "paper scale"
-    seeds = rec.get("seeds") or []
-    walls = [w for w in rec.get("wall_seconds") or [] if w]
-    speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
-    claims = rec.get("claims", {})
-
-    def held(cid):  # holds at every seed of the record (a sanity check: passes)
-        h = holds(claims[cid])
-        return bool(h) and all(x is True for x in h)
-
-    evidence = [cid for cid, c in claims.items() if c.get("kind") in ("check", "finding")]
-    now_hold = [cid for cid in findings if cid in claims and held(cid)]
-    still = [cid for cid in findings if cid in claims and not held(cid)]
-    lost = [cid for cid in evidence if cid not in findings and not held(cid)]
-    ids = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
-    name = "The paper-scale run" if scale == "paper scale" else f"The {scale}"
-    text = (f"**{scale[0].upper() + scale[1:]}.** {name} (the `paper` preset, seed"
-            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced) took "
-            f"{' and '.join(f'{w / 60:.0f} minutes' for w in walls) or 'an unrecorded time'} on "
-            f"{rec.get('device', 'an unrecorded device')}"
-            + (f", training at {' and '.join(f'{v:.0f}' for v in speed)} steps/s" if speed else "")
-            + f" ({rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`). "
-            f"There {sum(held(c) for c in evidence)} of its {len(evidence)} evidence claims hold"
-            + (" at every seed" if len(seeds) > 1 else "") + ". ")
-    if findings:
-        text += (f"Of the {len(findings)} findings at the defaults, "
-                 + (f"{ids(now_hold)} hold{'s' if len(now_hold) == 1 else ''} at this scale"
-                    if now_hold else "none holds at this scale")
-                 + (f" and {ids(still)} still do{'es' if len(still) == 1 else ''} not" if still else "") + ". ")
-    text += (f"Checks that hold at the defaults and not at this scale: {ids(lost)}. " if lost
-             else "Every check that holds at the defaults holds at this scale too. ")
-    errors = rec.get("errors") or {}
-    text += "".join(f"The run at seed {s} failed: {e}. " for s, e in errors.items())
-    if stale:
-        text += "(This record is **stale**: the chapter's source changed since it was written.) "
-    return text + "The claims table gives each claim's verdict at this scale."

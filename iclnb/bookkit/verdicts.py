@@ -1,0 +1,212 @@
+"""What a reader sees first of each verdict: the verdict box that ends a chapter's section, the
+paper-scale record in words, and the book's Verdicts page (every claim of the three papers, one
+row each). Built on the scorecard's cells and the records of :mod:`iclnb.bookkit.robustness`."""
+
+from __future__ import annotations
+
+import html
+
+from iclnb.bookkit.claims import _fmt
+from iclnb.bookkit.scorecard import (
+    _condition_cell,
+    _md_row,
+    _records,
+    _seeds_cell,
+    basis_words,
+    declaration_words,
+    is_own,
+    paper_heading,
+    paper_scale_cell,
+)
+
+
+def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -> str:
+    """A chapter's paper-scale record in words, for its "What reproduces" section (markdown).
+
+    ``chapter``: its stem; ``findings``: the ids declared findings at the defaults (None: the
+    chapter's ``iclnb: findings:``), so the text can say which of them hold at paper scale. Read from the
+    committed record (``book/paper/<chapter>.json``); says so when there is none, and when the
+    chapter's source changed since it was written (stale)."""
+    rec, stale = _records([chapter], paper=True)[chapter]
+    if findings is None:
+        from iclnb.bookkit.claims import chapter_source, front_matter
+
+        source = chapter_source(chapter)
+        findings = list(((front_matter(source).get("iclnb") or {}).get("findings") or {}) if source else [])
+    if rec is None:
+        return (f"**Paper scale.** Not run yet: `iclnb robustness {chapter} --preset paper` runs the chapter's "
+                "`paper` preset at seed 0 and writes its record to `book/paper/`.")
+    from iclnb.bookkit.robustness import holds
+
+    scale = rec.get("scale") or "paper scale"
+    seeds = rec.get("seeds") or []
+    walls = [w for w in rec.get("wall_seconds") or [] if w]
+    speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
+    claims = rec.get("claims", {})
+
+    def held(cid):  # holds at every seed of the record (a sanity check: passes)
+        h = holds(claims[cid])
+        return bool(h) and all(x is True for x in h)
+
+    evidence = [cid for cid, c in claims.items() if c.get("kind") in ("check", "finding")]
+    now_hold = [cid for cid in findings if cid in claims and held(cid)]
+    still = [cid for cid in findings if cid in claims and not held(cid)]
+    lost = [cid for cid in evidence if cid not in findings and not held(cid)]
+    ids = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
+    name = "The paper-scale run" if scale == "paper scale" else f"The {scale}"
+    text = (f"**{scale[0].upper() + scale[1:]}.** {name} (the `paper` preset, seed"
+            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced) took "
+            f"{' and '.join(f'{w / 60:.0f} minutes' for w in walls) or 'an unrecorded time'} on "
+            f"{rec.get('device', 'an unrecorded device')}"
+            + (f", training at {' and '.join(f'{v:.0f}' for v in speed)} steps/s" if speed else "")
+            + f" ({rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`). "
+            f"There {sum(held(c) for c in evidence)} of its {len(evidence)} evidence claims hold"
+            + (" at every seed" if len(seeds) > 1 else "") + ". ")
+    if findings:
+        text += (f"Of the {len(findings)} findings at the defaults, "
+                 + (f"{ids(now_hold)} hold{'s' if len(now_hold) == 1 else ''} at this scale"
+                    if now_hold else "none holds at this scale")
+                 + (f" and {ids(still)} still do{'es' if len(still) == 1 else ''} not" if still else "") + ". ")
+    text += (f"Checks that hold at the defaults and not at this scale: {ids(lost)}. " if lost
+             else "Every check that holds at the defaults holds at this scale too. ")
+    errors = rec.get("errors") or {}
+    text += "".join(f"The run at seed {s} failed: {e}. " for s, e in errors.items())
+    if stale:
+        text += "(This record is **stale**: the chapter's source changed since it was written.) "
+    return text + "The claims table gives each claim's verdict at this scale."
+
+
+class VerdictBox:
+    """One claim's verdict, for the end of the section that measures it: the claim (the paper's
+    words and where, or the book's own), our value, the threshold and its basis, the rival and its
+    value, the verdict in words, the pass rate over seeds and the paper-scale verdict; the
+    methodology (the rival's kind, the basis, the finding, each amendment with its earlier rule)
+    in a collapsed block under it. ``row``: the claim's row of ``Claims.to_dict()``."""
+
+    def __init__(self, row: dict, chapter: str | None = None, how: str = ""):
+        self.row, self.how = row, how
+        self.records = _records([chapter])[chapter] if chapter else (None, False)
+        self.paper = _records([chapter], paper=True)[chapter] if chapter else (None, False)
+
+    def lines(self) -> tuple[str, list[str], list[str]]:
+        """(verdict, the box's lines, the methodology's lines), as plain text."""
+        r = self.row
+        whose = (f"The paper ({r.get('ref', '')}): “{r['quote']}”" if r.get("quote")
+                 else "The book's own claim" + (f" ({r['ref']})" if r.get("ref") else ""))
+        attempted = r.get("kind") not in ("not_attempted", "report")
+        lines = [whose]
+        if attempted:
+            lines.append(f"Measured: {r['text']} = {_fmt(r['value'])}; threshold {_condition_cell(r)}")
+            if r.get("null"):
+                lines.append(f"Rival ({r.get('rival_kind') or r.get('null_kind', '')}): {r['null']} = "
+                             f"{_fmt(r.get('null_value'))}")
+            lines.append(f"Over seeds at the defaults: {_seeds_cell(r, *self.records).replace('**', '')}; "
+                         f"{paper_heading(self.paper[0])}: {paper_scale_cell(r['id'], *self.paper)}")
+        elif r.get("kind") == "report":
+            lines.append(f"Reported (no verdict): {r['text']} = {_fmt(r['value'])}")
+        elif r.get("note"):
+            lines.append(r["note"])
+        how = [self.how] if self.how else []
+        if r.get("question"):
+            meaning = {"effect": "is the structure there? its rival is a chance level",
+                       "mechanism": "is it the claimed mechanism rather than a simpler one? its rival could pass"}
+            how.append(f"Question: {r['question']}" + (f" ({meaning[r['question']]})" if r["question"] in meaning
+                                                        else ""))
+        if basis_words(r):
+            how.append(f"Threshold's basis: {basis_words(r)}")
+        if r.get("kind") == "finding":
+            how.append(f"Finding, {declaration_words(r.get('declared', ''), r.get('commit', ''))}: {r.get('note', '')}")
+        for a in r.get("amended") or []:
+            when = "after a run that tested it" if a.get("when") == "after" else "before any run tested it"
+            how.append(f"Amended {when}{', commit ' + a['commit'] if a.get('commit') else ''}: was {a.get('was')}; "
+                       f"{a.get('why')}")
+        if r.get("spec_commit"):
+            how.append(f"Spec entry last changed: {r['spec_commit']} {r.get('spec_date') or ''}".rstrip())
+        return r["status"], lines, how
+
+    def _repr_html_(self) -> str:
+        status, lines, how = self.lines()
+        kind = ("tip" if status.startswith("holds") and "shared" not in status else "note" if "shared" in status
+                else "warning" if status.startswith(("not reproduced", "not attempted", "reported")) else "danger")
+        body = "".join(f"<p>{html.escape(x)}</p>" for x in lines)
+        details = ("<details><summary>How this check was set</summary><ul>"
+                   + "".join(f"<li>{html.escape(x)}</li>" for x in how) + "</ul></details>") if how else ""
+        return (f'<div class="admonition {kind} iclnb-verdict"><p class="admonition-title">'
+                f"<code>{html.escape(self.row['id'])}</code>: {html.escape(status)}</p>{body}{details}</div>")
+
+    def __repr__(self) -> str:
+        status, lines, how = self.lines()
+        return "\n".join([f"{self.row['id']}: {status}", *lines, *(f"  - {x}" for x in how)])
+
+
+# ---- the Verdicts page ----------------------------------------------------------------------------
+PAPERS = (  # (seed, the paper, its chapters)
+    ("000", "Li, Song, Xia, Yu, Zhou 2023: softmax regression and in-context learning (arXiv 2304.13276)", (1,)),
+    ("001", "He, Pan, Chen, Yang 2025: multi-head softmax attention as kernel regressors (arXiv 2503.12734)",
+     (2, 3, 6, 7)),
+    ("002", "Collins, Parulekar, Mokhtari, Sanghavi, Shakkottai 2024: softmax attention adapts to the function's "
+            "Lipschitzness (NeurIPS)", (4, 5)),
+)
+VERDICT_HEADERS = ("claim", "question", "verdict", "rival", "over seeds (defaults)", "paper scale", "where")
+
+
+def _old_verdict(r: dict) -> str:
+    """A claim recorded before its chapter had a spec, in words that say so."""
+    if r["kind"] == "not_attempted":
+        return "not attempted"
+    if r["kind"] == "finding":
+        return "not reproduced" if not r.get("holds") else "reproduced"
+    against = {"chance": "a chance level", "init": "the untrained model", "competitor": "a competitor"}
+    return (("passes against " + against.get(r.get("null_kind", ""), "its null")) if r.get("holds")
+            else r["status"]) + " (older vocabulary)"
+
+
+def verdicts_markdown(chapters: list[tuple[int, str, str, dict]]) -> list[str]:
+    """The Verdicts page: every claim of the three papers with a verdict or a reason, grouped by
+    paper, then chapter, one row each (``chapters``: (number, title, stem, claims JSON dict)).
+
+    A claim measured from its chapter's spec reads in the spec's vocabulary (holds; holds (effect
+    only); holds, shared with <rival>; fails; not reproduced; not attempted); one of a chapter
+    not yet converted to a spec says "older vocabulary"."""
+    records = _records([stem for _, _, stem, _ in chapters])
+    papers = _records([stem for _, _, stem, _ in chapters], paper=True)
+    lines = ["# Verdicts", "",
+             "Every claim of the three papers the book tests, one row each: what the paper says, the question "
+             "the claim answers, the verdict at the chapter's defaults, the rival it was measured against, how "
+             "often it holds over seeds 0-4, and its verdict at the paper's scale. **Effect**: is the structure "
+             "there? Its rival is a chance level, so it can read *holds (effect only)*. **Mechanism**: is it the "
+             "paper's mechanism rather than a simpler one? Its rival is trained or tuned the same way and could "
+             "pass; when it passes too, the verdict reads *holds, shared with* the rival: the pattern belongs to "
+             "the task, not to softmax. Reported numbers and the library's sanity checks are in each chapter's "
+             "claims table, not here.", ""]
+    converted = [n for n, _, _, data in chapters if any(r.get("question") for r in data.get("claims", []))]
+    old = [n for n, _, _, data in chapters if n not in converted and data.get("claims")]
+    if old:
+        lines += [f"Chapters {', '.join(map(str, old))} still record their claims the older way: their rows "
+                  "say *older vocabulary*, and their rivals have not yet been re-labelled by question "
+                  "(effect or mechanism) or by how they are obtained.", ""]
+    by_number = {n: (title, stem, data) for n, title, stem, data in chapters}
+    for seed, paper, numbers in PAPERS:
+        present = [n for n in numbers if n in by_number]
+        if not present:
+            continue
+        lines += [f"## Seed {seed}: {paper}", ""]
+        for n in present:
+            title, stem, data = by_number[n]
+            rows = [r for r in data.get("claims", []) if r.get("kind") in ("check", "finding", "not_attempted")]
+            lines += [f"### {title}", "", _md_row(VERDICT_HEADERS), "|" + " --- |" * len(VERDICT_HEADERS)]
+            rec, stale = records[stem]
+            prec, pstale = papers[stem]
+            for r in rows:
+                attempted = r["kind"] != "not_attempted"
+                whose = (f"“{r['quote']}” ({r.get('ref', '')})" if r.get("quote") else
+                         f"the book's own: {r['text']}" if is_own(r) else f"{r['text']} ({r.get('ref', '')})")
+                rival = (f"{r['null']} [{r.get('rival_kind') or r.get('null_kind', '')}]: {_fmt(r.get('null_value'))}"
+                         if attempted and r.get("null") else "")
+                verdict = r["status"] if r.get("question") else _old_verdict(r)
+                lines.append(_md_row([f"`{r['id']}`: {whose}", r.get("question", ""), f"**{verdict}**", rival,
+                                      _seeds_cell(r, rec, stale).replace("**", "") if attempted else "",
+                                      paper_scale_cell(r["id"], prec, pstale) if attempted else "",
+                                      f"{{doc}}`chapter {n} <chapters/{stem}>`"]))
+            lines.append("")
+    return lines
