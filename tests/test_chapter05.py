@@ -1,31 +1,85 @@
-"""Chapter 5 runs end to end with its tiny smoke parameters (claims recorded, not enforced)."""
+"""Chapter 5 runs end to end with its tiny smoke parameters (claims recorded, not enforced), its
+claims measured from the claim spec in its front matter (iclnb.bookkit.claimspec)."""
 
 import json
+
+from iclnb.bookkit import runner
+from iclnb.bookkit.claimspec import load_spec
+from iclnb.chapters import ch05_low_rank as ch5
+
+# the recovery checks: their rival, the rank-0 unit trained the same way, is the isotropic level the
+# statistic reads without low-rank structure (a chance level that cannot pass), so they are effects
+EFFECT = {"lin-fit", "lin-rho", "shifted-rho", "quadratic-rho", "cos4-rho", "lin-angle", "even-angle",
+          "lin-near-oracle", "gauss-even-rho", "sweep-rho"}
+TUNED = {"lin-beats-iso", "shifted-beats-iso", "quadratic-beats-iso", "cos4-beats-iso"}  # the best w I
+TRAINED = {"linattn-even"}
+ABLATION = {"even-perp-k1"}  # the trained unit with its part outside col(B) removed, not retrained
+FINDINGS = {"quadratic-rho": "before", "cos4-rho": "before", "even-angle": "after", "linattn-even": "after",
+            "quadratic-beats-iso": "before", "even-perp-k1": "after"}
+REPORTS = {"slope-linear-z", "even-angle-swing", "linattn-even-angle", "lin-oracle-z", "lin-c-ratio", "lin-c-min",
+           "linattn-linear", "sweep-gain-d", "sweep-gain-k"}
+
+
+def test_chapter05_spec():
+    spec = load_spec(runner.find_chapter(5).path)
+    assert {c for c, s in spec.items() if s.question == "effect"} == EFFECT
+    assert {c for c, s in spec.items() if s.question == "mechanism"} == TUNED | TRAINED | ABLATION
+    assert all(spec[c].rival_kind == "chance" for c in EFFECT)
+    assert all(spec[c].rival_kind == "tuned" for c in TUNED) and all(spec[c].rival_kind == "trained" for c in TRAINED)
+    assert all(spec[c].rival_kind == "ablation" for c in ABLATION)
+    assert {c for c, s in spec.items() if s.question == "report"} == REPORTS
+    assert {c: spec[c].finding.when for c in FINDINGS} == FINDINGS
+    assert all(spec[c].finding_paper.when == "before" for c in FINDINGS)
+    # every rule changed after the first default run (77865d2) is dated, with its earlier rule
+    for cid in EFFECT - {"gauss-even-rho"} | TUNED | {"linattn-even", "slope-even"}:
+        assert spec[cid].amended[0].commit == "3905c79" and spec[cid].amended[0].when == "after", cid
+        assert "77865d2" in spec[cid].amended[0].was, cid
+    assert all(spec[c].amended[-1].when == "after" for c in EFFECT)  # asked as effects after the referee
+    assert {c for c, s in spec.items() if s.whose == "book"} >= {"even-perp-k1", "gauss-even-rho", "linattn-even"}
+    assert spec["slope-even"].question == spec["kernel-predict"].question == "sanity"
+    assert spec["lin-near-oracle"].threshold == "measured" and spec["lin-near-oracle"].basis == "chosen"
+    assert {spec[c].question for c in ("thm4-n2", "paper-figures")} == {"not_attempted"}
+
+
+def test_chapter05_left_out():
+    assert ch5.left_out(["linear", "shifted", "quadratic", "cos4"], [1, 2, 3]) == []
+    assert set(ch5.left_out(["linear"], [1])) >= {"quadratic-rho", "cos4-beats-iso", "even-angle", "slope-even"}
+    assert ch5.left_out(["linear", "shifted", "quadratic", "cos4"], [2, 3]) == ["even-perp-k1"]
+    spec = load_spec(runner.find_chapter(5).path)
+    assert set(ch5.left_out(["linear"], [2])) <= set(spec)
 
 
 def test_chapter05_smoke(smoke_run):
     r = smoke_run(5)
     data = json.loads(r.output.with_suffix(".claims.json").read_text())
     assert data["enforced"] is False
+    ids = [c["id"] for c in data["claims"]]
+    spec = load_spec(runner.find_chapter(5).path)
+    assert sorted(ids) == sorted(spec) and not data["findings_skipped"]  # every entry measured once
     claims = {c["id"]: c for c in data["claims"]}
-    kinds = {k: c["kind"] for k, c in claims.items()}
-    checks = {"lin-fit", "lin-rho", "shifted-rho", "lin-angle", "lin-beats-iso", "shifted-beats-iso",
-              "cos4-beats-iso", "lin-near-oracle", "gauss-even-rho",
-              "sweep-rho"}
-    findings = {"quadratic-rho", "cos4-rho", "even-angle", "linattn-even", "even-perp-k1", "quadratic-beats-iso"}
-    assert checks <= {k for k, v in kinds.items() if v == "check"}
-    assert findings <= {k for k, v in kinds.items() if v == "finding"}
-    assert {claims[f]["declared"] for f in ("even-angle", "linattn-even", "even-perp-k1")} == {"after"}
-    assert {claims[f]["declared"] for f in ("quadratic-rho", "cos4-rho", "quadratic-beats-iso")} == {"before"}
-    for c in data["claims"]:  # every evidence check faces a measured rival
-        if c["kind"] in ("check", "finding"):
-            assert c["null"] and c["null_value"] is not None and c["null_kind"] == "competitor"
-            assert c["basis"] in ("chosen", "mc")
-    for cid in ("lin-beats-iso", "quadratic-beats-iso", "even-perp-k1"):
-        assert claims[cid]["form"] == "ordering"
-    assert claims["lin-near-oracle"]["op"] == "in"
-    assert kinds["kernel-predict"] == "sanity" and kinds["slope-even"] == "sanity"
-    assert {"escape-linear", "escape-cos4", "sweep-gain-d", "linattn-linear", "asym-max", "sym-part",
-            "even-reflect-z", "lin-c-ratio", "lin-oracle-z", "even-perp-sphere-k1",
-            "even-perp-gaussian-k1"} <= {k for k, v in kinds.items() if v == "report"}
-    assert kinds["thm4-n2"] == "not_attempted"
+    for cid in EFFECT:  # a chance level: never more than "holds (effect only)"
+        assert claims[cid]["null_kind"] == "chance" and claims[cid]["question"] == "effect", cid
+        assert claims[cid]["words"] in ("holds (effect only)", "fails", "not reproduced",
+                                        "fails: chance reads as much"), cid
+    for cid in TUNED | TRAINED | ABLATION:
+        assert claims[cid]["null_kind"] == "competitor", cid
+        assert claims[cid]["rival_kind"] in ("trained", "tuned", "ablation"), cid
+    for cid, when in FINDINGS.items():
+        assert claims[cid]["kind"] == "finding" and claims[cid]["declared"] == when, cid
+    for cid in TUNED | {"even-perp-k1"}:  # A beats B, with both sides' own statistics
+        assert claims[cid]["form"] == "ordering" and claims[cid]["basis"] == "mc", cid
+    assert claims["lin-near-oracle"]["op"] == "in" and claims["lin-near-oracle"]["basis"] == "chosen"
+    for c in data["claims"]:
+        if c["kind"] in ("check", "finding"):  # every evidence check carries its rival's value from the run
+            assert c["null"] and c["null_value"] is not None and c["basis"] in ("chosen", "mc"), c["id"]
+            assert not c["flags"], (c["id"], c["flags"])
+        assert c["words"], c["id"]  # every claim's verdict in words, from the spec
+    assert {c for c, v in claims.items() if v["kind"] == "report"} == REPORTS
+    assert claims["kernel-predict"]["kind"] == claims["slope-even"]["kind"] == "sanity"
+    assert len(claims["lin-c-ratio"]["value"]) == 2
+    assert {claims[c]["kind"] for c in ("thm4-n2", "paper-figures")} == {"not_attempted"}
+    skipped = smoke_run(5, links=["linear", "shifted"], ranks=[2])  # the claims of links not trained: skipped
+    data = json.loads(skipped.output.with_suffix(".claims.json").read_text())
+    assert set(data["findings_skipped"]) == set(ch5.left_out(["linear", "shifted"], [2]))
+    assert not data["missing_findings"]
+    assert sorted([c["id"] for c in data["claims"]] + data["findings_skipped"]) == sorted(spec)

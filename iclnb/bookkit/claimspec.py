@@ -16,7 +16,7 @@ A chapter declares each claim once, in a ``claims:`` block of its front matter (
         basis: mc                          # theory | mc | paper | chosen
         se_multiple: 1                     # basis mc: the threshold is rival -/+ se_multiple x se
         rival: "four-head runs superposed (mode IV), by the same rule"
-        rival_kind: trained                # trained | tuned | chance | closed form | constant
+        rival_kind: trained    # trained | tuned | ablation | computed | chance | closed form | constant
         finding: {declared: after, why: "...", commit: abc1234}     # optional
         amended: [{when: after, was: "the old rule", why: "...", commit: abc1234}]   # optional
 
@@ -26,10 +26,12 @@ A chapter declares each claim once, in a ``claims:`` block of its front matter (
   when the effect is absent (a random subspace, a rank-0 task, shuffled labels). It can read
   "holds (effect only)", never more.
 * ``mechanism``: is it the paper's mechanism rather than a simpler one? Its rival is the strongest
-  alternative model or predictor, **trained** or **tuned** the same way on the same prompts: one
-  that could pass. A rival that cannot pass by construction (a **constant**, a **closed form** of
-  the setup) proves nothing, so the loader refuses such an entry (:class:`SpecError`): ask the
-  question as an effect against a chance level, or name a rival that could pass.
+  alternative model or predictor, **trained** or **tuned** the same way on the same prompts, an
+  **ablation** (the trained model with the tested part removed) or a simpler model **computed**
+  exactly on the same inputs (an ODE without the tested term): one that could pass. A rival
+  that cannot pass by construction (a **constant**, a **closed form** of the setup) proves
+  nothing, so the loader refuses such an entry (:class:`SpecError`): ask the question as an
+  effect against a chance level, or name a rival that could pass.
 * ``sanity`` (the library's own exact math), ``report`` (a number without a verdict) and
   ``not_attempted`` (with ``why``) have no rival.
 
@@ -57,8 +59,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 QUESTIONS = ("effect", "mechanism", "sanity", "report", "not_attempted")
-RIVAL_KINDS = ("trained", "tuned", "chance", "closed form", "constant")
-CAN_PASS = {"effect": ("chance",), "mechanism": ("trained", "tuned")}  # the rivals each question accepts
+RIVAL_KINDS = ("trained", "tuned", "ablation", "computed", "chance", "closed form", "constant")
+# the rivals each question accepts: an ablation is the trained model with the tested part removed, not
+# retrained; computed, a simpler model solved or integrated exactly on the same inputs (an ODE without the
+# tested term, an exact solver) where it can reach the threshold; closed form, a closed form of the setup
+# (the best multiple of a matrix the task fixes), and constant, cannot pass by construction
+CAN_PASS = {"effect": ("chance",), "mechanism": ("trained", "tuned", "ablation", "computed")}
 COMPARES = ("<", "<=", ">", ">=", "in")
 BASES = ("theory", "mc", "paper", "chosen")
 WHEN = ("before", "after")
@@ -324,11 +330,14 @@ def verdict(spec: ClaimSpec, passed: bool | None, rival_passed: bool | None, pre
         return REPORTED
     if spec.question == "sanity":
         return HOLDS if passed else FAILS
+    finding = spec.finding_at(preset) is not None
     if not passed:
-        return NOT_REPRODUCED if spec.finding_at(preset) is not None else FAILS
+        return NOT_REPRODUCED if finding else FAILS
     if rival_passed:
-        return FAILS + ": chance reads as much" if spec.question == "effect" else shared(spec.rival)
-    return EFFECT if spec.question == "effect" else HOLDS
+        words = FAILS + ": chance reads as much" if spec.question == "effect" else shared(spec.rival)
+    else:
+        words = EFFECT if spec.question == "effect" else HOLDS
+    return words + (" (declared a finding: its declaration is out of date)" if finding else "")
 
 
 # ---- history from git ---------------------------------------------------------------------------
