@@ -1,6 +1,40 @@
-"""Chapter 2 runs end to end with its tiny smoke parameters (claims recorded, not enforced)."""
+"""Chapter 2 runs end to end with its tiny smoke parameters (claims recorded, not enforced), its
+claims measured from the spec in its front matter."""
 
 import json
+
+from iclnb.bookkit.claimspec import load_spec
+from iclnb.bookkit.runner import find_chapter
+
+# the per-head patterns, the zero sum and the common scale: against trained linear attention
+LINEAR = ("h2-diag-ratio", "h3-last-row", "h1-diag-ratio", "h2-ov-last", "zero-sum-ov", "h2-omega-spread")
+# rivals read off the same trained circuits (the expansion, vanilla GD at the model's own step)
+OWN_NUMBERS = ("rebuild-short-prompts", "closer-debiased", "follows-dgd-own")
+# readings whose only rival cannot pass (a closed form, an ordering that cannot fail): reports
+REPORTED = ("kernel-rebuild", "h1-mu-theory", "own-step-debiased", "own-step-fixed", "kernel-rebuild-multi",
+            "step-dgd-optimum", "manifold-mu", "softmax-length", "sign-match", "h1-mu-formula")
+FINDINGS = ("h3-ov-last", "h4-diag-ratio", "h4-ov-last", "h4-omega-spread", "h8-diag-ratio", "h8-ov-last",
+            "h8-last-row", "h8-omega-spread", "follows-dgd-own", "pair-every-init")
+
+
+def test_chapter02_spec():
+    spec = load_spec(find_chapter(2).path)
+    assert all(spec[c].question == "mechanism" and spec[c].rival_kind == "trained" for c in LINEAR)
+    assert all("linear attention" in spec[c].rival for c in LINEAR)
+    assert all(spec[c].question == "mechanism" and spec[c].rival_kind == "computed" for c in OWN_NUMBERS)
+    assert all(spec[c].question == "report" for c in REPORTED)
+    assert spec["pair-every-init"].question == "effect" and spec["pair-every-init"].rival_kind == "chance"
+    assert spec["linear-length"].question == "sanity" and spec["insensitive"].question == "not_attempted"
+    assert all(spec[c].finding.when == "after" for c in FINDINGS)
+    assert {c for c, sp in spec.items() if sp.finding} == set(FINDINGS)
+    assert spec["follows-dgd-own"].finding_paper.when == "after"
+    # rules changed after a run that tested them say so, with the commit
+    assert [a.commit for a in spec["h1-mu-theory"].amended][:1] == ["993fbb2"]
+    assert [a.commit for a in spec["h-spread"].amended] == ["993fbb2", "993fbb2"]
+    assert spec["h2-omega-spread"].amended[0].commit == "3905c79"
+    assert spec["h-spread"].threshold == "measured" and spec["h-spread"].basis == "mc"
+    # every claim of the paper quotes it; the book's own are marked
+    assert spec["h2-pattern-k"].whose == "book" and spec["h2-diag-ratio"].whose == "paper"
 
 
 def test_chapter02_smoke(smoke_run):
@@ -8,32 +42,26 @@ def test_chapter02_smoke(smoke_run):
     data = json.loads(r.output.with_suffix(".claims.json").read_text())
     assert data["enforced"] is False and not data["missing_findings"]
     claims = {c["id"]: c for c in data["claims"]}
+    spec = load_spec(find_chapter(2).path)
+    # every entry measured exactly once (ids are unique in the JSON), none skipped at the smoke heads
+    assert len(data["claims"]) == len(claims) and set(spec) == set(claims) and not data["findings_skipped"]
     kinds = {cid: c["kind"] for cid, c in claims.items()}
-    assert {"kernel-rebuild", "linear-length", "softmax-length", "zero-sum-ov", "h2-diag-ratio",
-            "own-step-debiased", "own-step-fixed", "sign-match", "insensitive"} <= set(kinds)
-    # below the paper's training length the H = 8 per-head thresholds are declared findings (after
-    # a failing run, dated in the front matter)
-    assert kinds["h8-diag-ratio"] == kinds["h8-ov-last"] == "finding" and kinds["h2-diag-ratio"] == "check"
-    assert kinds["follows-dgd-own"] == kinds["pair-every-init"] == "finding"
-    assert all(c["declared"] == "after" for c in claims.values() if c["kind"] == "finding")
-    # the audit's moves: the step and the manifold are reported, length generalisation is reported,
-    # linear attention's failure is true by construction (sanity); patterns that trained linear
-    # attention shows too, sign matching and the fixed step (any fixed-step predictor) are reported
-    assert kinds["step-dgd-optimum"] == kinds["manifold-mu"] == kinds["softmax-length"] == "report"
-    assert kinds["h1-diag-ratio"] == kinds["h2-ov-last"] == kinds["sign-match"] == "report"
-    assert kinds["own-step-fixed"] == kinds["kernel-rebuild-multi"] == "report"
+    assert all(kinds[c] in ("check", "finding") for c in LINEAR + OWN_NUMBERS)
+    assert all(claims[c]["rival_kind"] == "trained" and "linear attention" in claims[c]["null"] for c in LINEAR)
+    assert all(kinds[c] == "report" for c in REPORTED)
+    assert all(kinds[c] == "finding" and claims[c]["declared"] == "after" for c in FINDINGS)
     assert kinds["linear-length"] == "sanity" and kinds["insensitive"] == "not_attempted"
-    # the rival of the per-head patterns, the zero sum and the common scale is trained linear attention
-    for cid in ("h2-diag-ratio", "h3-last-row", "zero-sum-ov", "h2-omega-spread"):
-        assert claims[cid]["null_kind"] == "competitor" and "linear attention" in claims[cid]["null"], cid
+    assert claims["pair-every-init"]["question"] == "effect" and claims["pair-every-init"]["null_kind"] == "chance"
     # orderings carry both sides' own statistics (never a ratio and its reciprocal)
-    for cid in ("rebuild-short-prompts", "closer-debiased", "own-step-debiased"):
+    for cid in ("rebuild-short-prompts", "closer-debiased"):
         assert claims[cid]["form"] == "ordering" and claims[cid]["a"] and claims[cid]["null"], cid
-    # every evidence check names its null, its kind, and carries a value for it
+    assert claims["h-spread"]["basis"] == "mc" and claims["h-spread"]["se"] is not None
+    # every evidence claim names its rival, its kind, and carries a value for it
     for c in claims.values():
         if c["kind"] in ("check", "finding"):
             assert c["null"] and c["null_value"] is not None and c["basis"], c["id"]
-            assert c["null_kind"] in ("competitor", "chance", "init") and not c["flags"], c["id"]
+            assert c["rival_kind"] in ("trained", "tuned", "computed", "chance") and not c["flags"], c["id"]
+            assert c["words"], c["id"]
 
 
 def test_metrics_of_heads_keeps_the_given_classes():

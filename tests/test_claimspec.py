@@ -232,3 +232,16 @@ def test_verdict_box(tmp_path, monkeypatch):
     assert "<summary>How this check was set</summary>" in html and "Question: mechanism" in html
     assert "Rival (trained): linear attention&#x27;s diag ratio = 0.985" in html
     assert "pattern: holds, shared with" in repr(box)
+
+
+def test_findings_at_the_paper_preset():
+    """At --preset paper a chapter that declares any finding_paper uses those alone (as the front
+    matter's findings_paper replaced findings); one that declares none keeps its findings."""
+    from iclnb.bookkit.claimspec import findings_in_force
+
+    late = {"declared": "after", "why": "short training"}
+    both = parse_spec({"a": {**MECH, "finding": late}, "b": {**MECH, "finding": late, "finding_paper": late}})
+    assert set(findings_in_force(both, None)) == {"a", "b"}
+    assert set(findings_in_force(both, "paper")) == {"b"}
+    only = parse_spec({"a": {**MECH, "finding": late}})
+    assert set(findings_in_force(only, "paper")) == {"a"}

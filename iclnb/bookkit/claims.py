@@ -55,6 +55,7 @@ from iclnb.bookkit.claimspec import (  # noqa: F401 - where a chapter's declarat
     declared_findings,
     entry_history,
     finding_declaration,
+    findings_in_force,
     front_matter,
     load_spec,
     verdict,
@@ -231,10 +232,8 @@ class Claims:
             if not self.findings:
                 self.findings_source = ""
             preset = os.environ.get(PRESET_ENV) or None
-            for cid, spec in self.spec.items():
-                d = spec.finding_at(preset)
-                if d is None:
-                    continue
+            for cid, d in findings_in_force(self.spec, preset).items():
+                spec = self.spec[cid]
                 if cid in self.findings:
                     raise ValueError(f"finding {cid!r} is declared twice: in iclnb.findings and in its claim spec")
                 self.findings[cid] = {"declared": d.when, "why": d.why, "commit": d.commit}
@@ -395,7 +394,7 @@ class Claims:
         claim.question, claim.rival_kind, claim.quote = sp.question, sp.rival_kind, sp.quote
         claim.amended = [{"when": a.when, "was": a.was, "why": a.why, "commit": a.commit} for a in sp.amended]
         claim.spec_commit, claim.spec_date = (history.commit, history.date) if history else ("unknown", "")
-        claim.words = verdict(sp, claim.passed, claim.null_passed, os.environ.get(PRESET_ENV) or None)
+        claim.words = verdict(sp, claim.passed, claim.null_passed, finding=cid in self.findings)
         return claim.passed
 
     def box(self, cid: str, how: str = ""):

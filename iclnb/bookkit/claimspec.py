@@ -131,9 +131,19 @@ class ClaimSpec:
         """The rival's kind in the older claims vocabulary (the scorecard's strength)."""
         return "chance" if self.rival_kind == "chance" else "competitor"
 
-    def finding_at(self, preset: str | None) -> Declaration | None:
-        """The declaration in force: ``finding_paper`` at the paper preset where given, else ``finding``."""
-        return self.finding_paper if preset == "paper" and self.finding_paper is not None else self.finding
+    def finding_at(self, preset: str | None, paper_findings: bool | None = None) -> Declaration | None:
+        """The declaration in force. At the paper preset, a chapter that declares any
+        ``finding_paper`` uses those alone (``paper_findings``: whether it does; None: whether this
+        entry does), as ``findings_paper`` replaced ``findings``; otherwise ``finding``."""
+        paper = self.finding_paper is not None if paper_findings is None else paper_findings
+        return self.finding_paper if preset == "paper" and paper else self.finding
+
+
+def findings_in_force(specs: dict, preset: str | None) -> dict:
+    """id -> the finding declaration in force for a chapter's spec at ``preset``
+    (:meth:`ClaimSpec.finding_at`, decided for the whole chapter)."""
+    paper = any(sp.finding_paper is not None for sp in specs.values())
+    return {cid: d for cid, sp in specs.items() if (d := sp.finding_at(preset, paper)) is not None}
 
 
 def _spec_declaration(cid: str, name: str, v, problems: list, amendment: bool = False) -> Declaration | None:
@@ -320,7 +330,8 @@ def shared(rival: str) -> str:
     return f"holds, shared with {rival}"
 
 
-def verdict(spec: ClaimSpec, passed: bool | None, rival_passed: bool | None, preset: str | None = None) -> str:
+def verdict(spec: ClaimSpec, passed: bool | None, rival_passed: bool | None, preset: str | None = None,
+            finding: bool | None = None) -> str:
     """The verdict, in words, of a measured claim: ``passed``, whether its value meets the
     threshold; ``rival_passed``, whether its rival meets the same threshold (None for an ordering,
     whose threshold is the rival itself)."""
@@ -330,7 +341,7 @@ def verdict(spec: ClaimSpec, passed: bool | None, rival_passed: bool | None, pre
         return REPORTED
     if spec.question == "sanity":
         return HOLDS if passed else FAILS
-    finding = spec.finding_at(preset) is not None
+    finding = spec.finding_at(preset) is not None if finding is None else finding
     if not passed:
         return NOT_REPRODUCED if finding else FAILS
     if rival_passed:
