@@ -84,3 +84,22 @@ def test_score_share_below():
     s = torch.einsum("bnd,bd->bn", p.X, p.xq)
     assert ch7.score_share_below(KQ, p, 1.0) == pytest.approx(float((s < -1).double().mean()))
     assert ch7.score_share_below(0 * KQ, p, 0.5) == 0.0
+
+
+def test_claim_ids_left_out_and_a_margin_from_the_run(tmp_path, monkeypatch):
+    from iclnb.bookkit.claims import Claims
+    from iclnb.bookkit.claimspec import parse_spec
+
+    assert ch7.claim_suffix("exp") == "exp" and ch7.claim_suffix("shifted_relu(0.8)") == "shifted_relu-0.8"
+    spec = {cid: {} for cid in ("step-exp", "fitted-step-shifted_relu-0.8", "step-every-phi", "step-fit-exact",
+                                "kq-rho0.5", "kq-rho0.8", "zero-sum-rho")}
+    pattern = r"(?:fitted-)?step-(exp|.+-[0-9.]+)"
+    assert ch7.left_out(spec, pattern, ["exp"]) == ["fitted-step-shifted_relu-0.8"]
+    assert ch7.left_out(spec, r".+-rho([0-9.]+)", [0.5]) == ["kq-rho0.8"]
+    monkeypatch.chdir(tmp_path)
+    order = {"statistic": "A", "whose": "book", "question": "mechanism", "compare": "<", "threshold": "rival",
+             "basis": "theory", "basis_ref": "a closed form", "rival": "B", "rival_kind": "tuned"}
+    claims = Claims("ch7-test", enforce=False, findings={}, spec=parse_spec({"a-beats-b": order}))
+    assert claims.measure("a-beats-b", 0.2, rival=0.5, margin=0.25) is True  # a margin computed in the run
+    c = claims["a-beats-b"]
+    assert c.form == "ordering" and c.margin == 0.25 and c.threshold == 0.25 and c.words == "holds"

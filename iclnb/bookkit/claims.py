@@ -357,13 +357,15 @@ class Claims:
                       null_value=rival, null_passed=None, form="ordering", a=a.strip(), margin=margin, **ev)
         return self._add(claim).holds
 
-    def measure(self, cid: str, value, rival=None, *, se=None, threshold=None, detail: str = "") -> bool | None:
+    def measure(self, cid: str, value, rival=None, *, se=None, threshold=None, margin=None,
+                detail: str = "") -> bool | None:
         """Record the claim ``cid`` of the chapter's spec (:mod:`iclnb.bookkit.claimspec`) at the
         measured ``value``: one statement per claim, everything else comes from the spec.
 
         ``rival``: the rival's value, measured in the same run (effect and mechanism claims);
         ``se``: the standard error where the basis is ``mc``; ``threshold``: the threshold where
-        the spec says it is ``measured`` in the run; ``detail``: run-specific words appended to
+        the spec says it is ``measured`` in the run; ``margin``: an ordering's margin where the run
+        computes it (else the spec's, or se_multiple x se); ``detail``: run-specific words appended to
         the statistic (e.g. a p-value). Returns whether the value passes (None for a report)."""
         if cid not in self.spec:
             raise ValueError(f"claim {cid!r} is not in the claim spec of {self.chapter} "
@@ -375,7 +377,8 @@ class Claims:
             ev = dict(null_kind=sp.null_kind, basis=sp.basis, basis_ref=sp.basis_ref, se=se,
                       se_multiple=sp.se_multiple, untrained_ok=sp.untrained_ok, **common)
             if sp.ordering:
-                self.ordering(cid, text, value, rival, sp.compare, a=sp.statistic, b=sp.rival, margin=sp.margin, **ev)
+                self.ordering(cid, text, value, rival, sp.compare, a=sp.statistic, b=sp.rival,
+                              margin=sp.margin if margin is None else margin, **ev)
             else:
                 bound = threshold if sp.threshold == "measured" else sp.threshold
                 if bound is None:

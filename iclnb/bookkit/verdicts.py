@@ -28,11 +28,13 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
     committed record (``book/paper/<chapter>.json``); says so when there is none, and when the
     chapter's source changed since it was written (stale)."""
     rec, stale = _records([chapter], paper=True)[chapter]
-    if findings is None:
-        from iclnb.bookkit.claims import chapter_source, front_matter
+    if findings is None:  # the front matter's findings and the claim spec's, at the defaults
+        from iclnb.bookkit.claimspec import chapter_source, front_matter, load_spec
 
         source = chapter_source(chapter)
-        findings = list(((front_matter(source).get("iclnb") or {}).get("findings") or {}) if source else [])
+        findings = [] if source is None else [
+            *((front_matter(source).get("iclnb") or {}).get("findings") or {}),
+            *(cid for cid, sp in load_spec(source).items() if sp.finding is not None)]
     if rec is None:
         return (f"**Paper scale.** Not run yet: `iclnb robustness {chapter} --preset paper` runs the chapter's "
                 "`paper` preset at seed 0 and writes its record to `book/paper/`.")
