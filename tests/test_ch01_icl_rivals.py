@@ -85,3 +85,13 @@ def test_fitted_steps_of_a_circuit_layer_match_its_predictions():
     lin = si.CircuitLayer(kq, ov, task, kind="linear")  # exactly one GD step at eta
     assert lin.effective_step() == pytest.approx(tasks["eta"], rel=1e-6)
     assert si.fitted_steps(tasks, {"lin": lin})["lin"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_how_names_claims_of_the_spec():
+    """Every methodology note of chapter 1's verdict boxes belongs to a claim of its spec."""
+    from iclnb.bookkit.claimspec import load_spec
+    from iclnb.bookkit.runner import find_chapter
+
+    spec = load_spec(find_chapter(1).path)
+    assert set(si.HOW) <= set(spec)
+    assert all(isinstance(v, str) and v.strip() for v in si.HOW.values())

@@ -19,13 +19,49 @@ from iclnb.chapters.ch01_regression import gd_step, logits, make_generator
 from iclnb.engine.tasks import SoftmaxRegression
 from iclnb.engine.util import check_choice, resolve_device
 
-# Thresholds for the comparison of the trained layer with one GD step, fixed before any run
-# (chapter 1, part f). Relative differences are normalised by the size of the GD quantity, so
-# the uniform baseline (predicts 0, sensitivity 0) scores exactly 1 on both and cosine 0.
+# Thresholds for the comparison of the trained layer with one GD step, the book's choice (the paper
+# publishes none), set in the chapter's first version (1f4c51e) and unchanged since. Relative differences
+# are normalised by the size of the GD quantity, so the uniform baseline (predicts 0, sensitivity 0)
+# scores exactly 1 on both and cosine 0.
 ICL_THRESHOLDS = {
     "cosine": 0.9,  # mean cosine of sensitivities >= 0.9
     "rel_pred_diff": 0.3,  # RMS(y_layer - y_GD) / RMS(y_GD) <= 0.3
     "rel_sens_diff": 0.45,  # mean ||s_layer - s_GD|| / mean ||s_GD|| <= 0.45 (cos 0.9, equal norms)
+}
+
+# The methodology of chapter 1's verdict boxes (Claims.box(cid, how=HOW[cid])): why this rival, where the
+# threshold comes from, what the turn-5 referee found.
+HOW = {
+    "adv-tight-gap": "A sanity check of the search, not evidence: one restart starts at the two-row construction, "
+                     "whose gap 1/(2p) is our own closed form, so the search can only match or beat it. How far a "
+                     "typical instance stays below R/2 is adv-fixed-gap, reported.",
+    "icl-escaped-min": "The book's own claim about its training recipe, not the paper's. The rival is the first "
+                       "set's initialisations trained at the old settings (8 trials against 24). The turn-5 referee "
+                       "found a stronger rival in the plateau study itself: the new initial scale at the old "
+                       "learning rate alone (its count is in the statistic's note) passes at 1 of 5 seeds. The rule "
+                       "was loosened after the default run (see the amendment).",
+    "icl-pred-diff": "Reported, no verdict. The threshold 0.3 is the book's (the paper publishes no number). Its "
+                     "rival, the exact solution, is a closed form of the setup: its distance to GD is fixed by n "
+                     "and d, whatever the layer learned, so the claim cannot be asked as a mechanism question. The "
+                     "turn-5 referee found the check sound, with a tuned ridge on the centred labels (not run here) "
+                     "at 0.31, just outside the threshold. Trained linear self-attention is a GD step by "
+                     "construction: a positive control, not a rival.",
+    "icl-closer-to-gd": "Reported, no verdict: the ratio is the prediction difference rescaled (about twice it), "
+                        "and its rival, the exact solution shrunk until its error is the layer's, is a closed form "
+                        "of two error levels that passes at n = 25 and at a held-out n = 100 (turn-5 referee).",
+    "icl-beats-uniform": "Any trained model that learns from the context beats the uniform baseline: trained linear "
+                         "self-attention, trained on the same task stream, does too, so the pattern belongs to the "
+                         "task. One GD step (its eta fitted) is in the statistic's note.",
+    "icl-step-size": "The first-order expansion says n mu omega = eta. Trained linear self-attention, a GD step by "
+                     "construction, lands on eta as well, and so does the exact solution read through a least-squares "
+                     "step fit (in the note): a step equal to GD's is what fitting the targets gives.",
+    "icl-converged": "Reported, no verdict: the rival, the same elasticity of the distance to the targets, is held "
+                     "up by GD's error floor and cannot reach the bracket (turn-5 referee). It was a finding, "
+                     "declared after the default run failed it (d5726bc); the amendments keep that declaration. At "
+                     "seeds 0-4 the elasticity is 0.27, 0.84, 0.66, 0.57, 0.69: inside [0.5, 2] at four seeds, below "
+                     "the expansion's 1 at all five.",
+    "icl-n25-pred-diff": "Reported, no verdict: at n = 25 one GD step is a poor predictor, so the exact solution "
+                         "(and any accurate predictor) is far from it and cannot pass (turn-5 referee).",
 }
 
 
