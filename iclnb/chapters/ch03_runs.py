@@ -13,7 +13,54 @@ import numpy as np
 from iclnb.chapters.ch03_stages import Trajectory, peak, trajectory_gap
 
 __all__ = ["check_parameters", "Spliced", "splice_histories", "cache_note", "step_text", "longest", "farthest_gap",
-           "PeakDecay", "peak_decay", "NoExpPhases", "noexp_phases", "Stage1Summary", "stage1_summary"]
+           "PeakDecay", "peak_decay", "NoExpPhases", "noexp_phases", "Stage1Summary", "stage1_summary", "HOW"]
+
+_NOEXP = ("the rival is the flow without its exp term (linear attention's picture), a simpler model integrated "
+          "exactly from the same {}: ")
+# the methodology of each verdict box (collapsed under it on the page): why this rival, where the threshold came from
+HOW = {
+    "real-omega-peak": "the rival a skeptic would name: any attention layer trained by Adam might overshoot and "
+                       "settle, so linear attention is trained the same way (the same members, seeds, data, batch, "
+                       "rate and Adam) for linear_steps steps and read by the same rule on the same window; the 90% "
+                       "is a choice, not the paper's number",
+    "approx-vs-mc-small-omega": "reported, no verdict: its rival, L̃ without its exp term, drops the finite-n "
+                                "variance term and cannot come close; L̃ with its exp linearised and the exact risk "
+                                "of debiased GD at η = 2ωμ come as close or closer (the turn-5 referee), so for "
+                                "ω ≤ 0.1 the comparison cannot see the exp term; about half of the old threshold is "
+                                "the constant (1 + σ²)/n, not a Monte Carlo error (the rest: 3 standard errors)",
+    "trained-on-manifold": "reported, no verdict: the manifold's step at the models' mean |ω_h| against their own "
+                           "step; no rule says how near is on the manifold, and no rival is run",
+    "ode-omega-peak-decay": "reported, no verdict: a deterministic property of the book's ODE, the same at every "
+                            "seed; its old rival, the flow without its exp term, cannot peak from μ = ω (its ω only "
+                            "grows), so it could not pass",
+    "ode-step-optimum": "reported, no verdict: deterministic; the flow without its exp term settles at 2ωμ = 1 by "
+                        "construction and cannot pass, and the flow of L̃ with its exp linearised settles at debiased "
+                        "GD's step too, so the statement needs the first-order variance term, not the exp; the band "
+                        "(half the gap to vanilla GD's optimum) is chosen",
+    "gd-follows-flow": _NOEXP.format("start") + "plain GD's distance to it passes wherever plain GD is as near "
+                       "to it as to the flow of L̃/2; the threshold, half the gap between the two flows, comes from "
+                       "the triangle inequality, so the value and the rival cannot both pass (the rival passes only "
+                       "where the value fails); the rule has been unchanged since its first run (699a0f4); the flow "
+                       "of L̃ with its exp linearised has no peak either and would fail like this rival (the turn-5 "
+                       "referee)",
+    "gd-flow-within-noise": _NOEXP.format("start") + "plain GD's distance to it passes wherever plain GD follows "
+                            "it within the noise; the threshold, 3 standard deviations of the replicas' batch noise, "
+                            "is measured in the run; a finding, declared in the commit that added the check "
+                            "(699a0f4): the turn-5 referee found that 'before' cannot be verified, the check and "
+                            "its finding having come in one commit with reasons that read as a run's diagnostics",
+    "gd4-stage1-reached": _NOEXP.format("starts") + "by the same rule it establishes Stage I at the tested "
+                          "starts that are nearly balanced already, where nothing has to happen, so it can pass; "
+                          "the tested starts (the flow balanced by gd4_t_end / 2) are a rule adopted after an earlier "
+                          "rule's run missed the timing's tolerance (3905c79): under the earlier rule the turn-5 "
+                          "referee found this fraction below 1 at 2 of 5 seeds",
+    "gd4-stage1-time": _NOEXP.format("starts") + "its time error passes where it balances the OV weights when "
+                       "the flow of L̃ does (a start where it never balances counted at gd4_t_end: a lower bound); "
+                       "the tolerance per start is the clock's error 1/n + 2η, one logging interval and 3 s.e. of "
+                       "the replicas' mean; a finding, declared after the first run at the defaults missed the "
+                       "tolerance (ad46537), and the tested starts changed after that run (3905c79): under the "
+                       "earlier rule the turn-5 referee found it not reproduced at 5 of 5 seeds, plain GD mostly "
+                       "earlier than the flow, not later as the declaration says",
+}
 
 
 def check_parameters(heads, steps, zoom_steps, zoom_every, gd_lr, gd_init, gd_t_end, gd4_t_end, gd_batch, gd_replicas,
