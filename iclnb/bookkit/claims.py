@@ -360,13 +360,11 @@ class Claims:
     def measure(self, cid: str, value, rival=None, *, se=None, threshold=None, margin=None,
                 detail: str = "") -> bool | None:
         """Record the claim ``cid`` of the chapter's spec (:mod:`iclnb.bookkit.claimspec`) at the
-        measured ``value``: one statement per claim, everything else comes from the spec.
-
-        ``rival``: the rival's value, measured in the same run (effect and mechanism claims);
-        ``se``: the standard error where the basis is ``mc``; ``threshold``: the threshold where
-        the spec says it is ``measured`` in the run; ``margin``: an ordering's margin where the run
-        computes it (else the spec's, or se_multiple x se); ``detail``: run-specific words appended to
-        the statistic (e.g. a p-value). Returns whether the value passes (None for a report)."""
+        measured ``value``, one statement per claim: ``rival``, the rival's value, measured in the
+        same run; ``se``, the standard error where the basis is ``mc``; ``threshold``, where the spec
+        says it is ``measured`` in the run; ``margin``, an ordering's margin where the run computes
+        it (else the spec's, or se_multiple x se); ``detail``, run-specific words appended to the
+        statistic. Returns whether the value passes (None for a report)."""
         if cid not in self.spec:
             raise ValueError(f"claim {cid!r} is not in the claim spec of {self.chapter} "
                              f"(declared: {', '.join(self.spec) or 'none'})")
