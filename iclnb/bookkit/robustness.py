@@ -79,12 +79,14 @@ def _claims(records: list[dict]) -> dict:
 
 def training_speed(runs: list[dict]) -> dict:
     """How fast a run's models trained (its ``$ICLNB_RUNS`` lines, cache hits as the original
-    training): the training runs, their steps, member-steps and seconds, and steps per second."""
+    training): the training runs (and how many this execution loaded from the run cache), their
+    steps, member-steps and seconds, and steps per second."""
     trained = [x for x in runs if not x.get("untrained") and x.get("train_seconds")]
     seconds = sum(float(x["train_seconds"]) for x in trained)
     steps = sum(int(x.get("steps", 0)) for x in trained)
     member_steps = sum(int(x.get("steps", 0)) * int(x.get("members", 1)) for x in trained)
-    return {"runs": len(trained), "steps": steps, "member_steps": member_steps, "train_seconds": round(seconds, 1),
+    return {"runs": len(trained), "from_cache": sum(bool(x.get("from_cache")) for x in trained), "steps": steps,
+            "member_steps": member_steps, "train_seconds": round(seconds, 1),
             "steps_per_second": round(steps / seconds, 1) if seconds else None}
 
 

@@ -268,7 +268,8 @@ def _records(stems: list[str], paper: bool = False) -> dict:
 def paper_note(title: str, stem: str, rec: dict, stale: bool) -> str:
     """One line of the Reproducibility page about a chapter's paper-scale record: its seeds, wall
     time and training speed, device, commit and date, and how its checks fared."""
-    walls = [w for w in rec.get("wall_seconds") or [] if w]
+    trains = [t.get("train_seconds") or 0 for t in rec.get("training") or []]
+    walls = [w or 0 for w in rec.get("wall_seconds") or []]
     speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
     checks = [c for c in rec.get("claims", {}).values() if c.get("kind") == "check"]
     finds = [c for c in rec.get("claims", {}).values() if c.get("kind") == "finding"]
@@ -278,8 +279,10 @@ def paper_note(title: str, stem: str, rec: dict, stale: bool) -> str:
     held = sum(robust(*pass_rate(c)) if len(seeds) > 1 else pass_rate(c)[0] == 1 for c in checks)
     repro = sum(pass_rate(c)[0] > 0 for c in finds)
     text = (f"- {title} ({rec.get('scale', 'paper scale')}): seed(s) {', '.join(map(str, seeds))}; "
-            f"wall time {' + '.join(f'{w / 60:.0f} min' for w in walls) or '?'}; "
-            f"training {' / '.join(f'{v:.0f}' for v in speed) or '?'} steps/s; {rec.get('device', '?')}; "
+            f"training {' + '.join(f'{w / 60:.0f} min' for w in trains) or '?'} at "
+            f"{' / '.join(f'{v:.0f}' for v in speed) or '?'} steps/s (this execution "
+            f"{' + '.join(f'{w / 60:.0f} min' for w in walls) or '?'}, models from the run cache where trained "
+            f"before); {rec.get('device', '?')}; "
             f"commit `{rec.get('commit', '?')}`, {rec.get('date', '?')}; {held} of {len(checks)} evidence checks "
             f"hold{' at 4 of 5 seeds' if len(seeds) > 1 else ''}, {repro} of {len(finds)} findings reproduced")
     errors = rec.get("errors") or {}

@@ -20,6 +20,23 @@ from iclnb.bookkit.scorecard import (
 )
 
 
+def run_time_words(rec: dict) -> str:
+    """How long a record's runs took, in words: per seed, the training of its models (the original
+    training where this execution loaded them from the run cache) and this execution's wall time."""
+    parts = []
+    for wall, t in zip(rec.get("wall_seconds") or [], rec.get("training") or []):
+        train, speed, cached = t.get("train_seconds") or 0, t.get("steps_per_second"), t.get("from_cache") or 0
+        words = f"its models trained for {train / 60:.0f} minutes" + (f" at {speed:.0f} steps/s" if speed else "")
+        if cached:
+            words += (f", and this execution, which loaded {cached} of their {t.get('runs')} runs from the run "
+                      f"cache, took {(wall or 0) / 60:.0f} minutes")
+        else:
+            words += f", in an execution of {(wall or 0) / 60:.0f} minutes"
+        parts.append(words)
+    where = rec.get("device", "an unrecorded device")
+    return (" and ".join(parts) or "its time was not recorded") + f", on {where}"
+
+
 def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -> str:
     """A chapter's paper-scale record in words, for its "What reproduces" section (markdown).
 
@@ -42,8 +59,6 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
 
     scale = rec.get("scale") or "paper scale"
     seeds = rec.get("seeds") or []
-    walls = [w for w in rec.get("wall_seconds") or [] if w]
-    speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
     claims = rec.get("claims", {})
 
     def held(cid):  # holds at every seed of the record (a sanity check: passes)
@@ -57,11 +72,9 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
     ids = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
     name = "The paper-scale run" if scale == "paper scale" else f"The {scale}"
     text = (f"**{scale[0].upper() + scale[1:]}.** {name} (the `paper` preset, seed"
-            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced) took "
-            f"{' and '.join(f'{w / 60:.0f} minutes' for w in walls) or 'an unrecorded time'} on "
-            f"{rec.get('device', 'an unrecorded device')}"
-            + (f", training at {' and '.join(f'{v:.0f}' for v in speed)} steps/s" if speed else "")
-            + f" ({rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`). "
+            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced, "
+            f"{rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`) "
+            f"{run_time_words(rec)}. "
             f"There {sum(held(c) for c in evidence)} of its {len(evidence)} evidence claims hold"
             + (" at every seed" if len(seeds) > 1 else "") + ". ")
     if findings:
