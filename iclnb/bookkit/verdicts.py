@@ -55,35 +55,37 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
     if rec is None:
         return (f"**Paper scale.** Not run yet: `iclnb robustness {chapter} --preset paper` runs the chapter's "
                 "`paper` preset at seed 0 and writes its record to `book/paper/`.")
-    from iclnb.bookkit.robustness import holds
-
     scale = rec.get("scale") or "paper scale"
     seeds = rec.get("seeds") or []
     claims = rec.get("claims", {})
 
-    def held(cid):  # holds at every seed of the record (a sanity check: passes)
-        h = holds(claims[cid])
-        return bool(h) and all(x is True for x in h)
+    def words(cid):  # the verdict at every seed, "(not enforced)" dropped; "mixed" where seeds differ
+        found = {str(w).replace(" (not enforced)", "") for w in claims[cid].get("status") or []}
+        return found.pop() if len(found) == 1 else "mixed"
+
+    def passes(cid):  # the value passes at every seed (a plain hold, a shared or an effect-only one)
+        return all(bool(p) for p in claims[cid].get("passed") or [None])
 
     evidence = [cid for cid, c in claims.items() if c.get("kind") in ("check", "finding")]
-    now_hold = [cid for cid in findings if cid in claims and held(cid)]
-    still = [cid for cid in findings if cid in claims and not held(cid)]
-    lost = [cid for cid in evidence if cid not in findings and not held(cid)]
+    now_hold = [cid for cid in findings if cid in claims and passes(cid)]
+    still = [cid for cid in findings if cid in claims and not passes(cid)]
+    fail = [cid for cid in evidence if cid not in findings and not passes(cid)]
+    shared = [cid for cid in evidence if words(cid).startswith("holds, shared")]
     ids = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
     name = "The paper-scale run" if scale == "paper scale" else f"The {scale}"
     text = (f"**{scale[0].upper() + scale[1:]}.** {name} (the `paper` preset, seed"
-            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced, "
-            f"{rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`) "
-            f"{run_time_words(rec)}. "
-            f"There {sum(held(c) for c in evidence)} of its {len(evidence)} evidence claims hold"
-            + (" at every seed" if len(seeds) > 1 else "") + ". ")
+            f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; claims recorded, not enforced; "
+            f"{rec.get('date', '?')[:10]}, commit `{str(rec.get('commit', '?'))[:7]}`): "
+            f"{run_time_words(rec)}. Of its {len(evidence)} evidence claims, "
+            f"{sum(passes(c) for c in evidence)} pass" + (" at every seed" if len(seeds) > 1 else "")
+            + (f", {len(shared)} of them shared with their rival ({ids(shared)})" if shared else "") + ". ")
     if findings:
         text += (f"Of the {len(findings)} findings at the defaults, "
-                 + (f"{ids(now_hold)} hold{'s' if len(now_hold) == 1 else ''} at this scale"
-                    if now_hold else "none holds at this scale")
+                 + (f"{ids(now_hold)} pass{'es' if len(now_hold) == 1 else ''} at this scale"
+                    if now_hold else "none passes at this scale")
                  + (f" and {ids(still)} still do{'es' if len(still) == 1 else ''} not" if still else "") + ". ")
-    text += (f"Checks that hold at the defaults and not at this scale: {ids(lost)}. " if lost
-             else "Every check that holds at the defaults holds at this scale too. ")
+    text += (f"Claims that are no finding and fail at this scale: {ids(fail)}. " if fail
+             else "Every other claim passes at this scale. ")
     errors = rec.get("errors") or {}
     text += "".join(f"The run at seed {s} failed: {e}. " for s, e in errors.items())
     if stale:
