@@ -217,3 +217,14 @@ def test_the_book_and_run_print_what_the_training_time_measured(chapter, tmp_pat
     text = "\n".join(lines)
     assert "training: 4,000 steps in 30 s at 133 steps/s; from cache 1 of 3 runs (50% of training s)" in text
     assert "WARM run cache" in text.splitlines()[-1]
+
+
+def test_cache_words_of_a_build_that_began_with_an_empty_cache(tmp_path, monkeypatch):
+    """A build that began with an empty run cache is a cold-cache build, even where a chapter
+    loaded models the build had trained (chapter 3 reuses chapter 2's)."""
+    monkeypatch.setenv("ICLNB_CACHE_DIR", str(tmp_path))
+    assert book.cache_entries() == 0
+    (tmp_path / "softmax-x.pt").write_bytes(b"")
+    (tmp_path / "softmax-y.ckpt.pt").write_bytes(b"")  # a checkpoint is no trained model
+    assert book.cache_entries() == 1
+    assert book.cache_words(RUNS, empty_at_start=True).startswith("cold run cache: the cache was empty at the start")

@@ -92,13 +92,25 @@ def training_line(runs: list[dict]) -> str:
             f"({100 * t['cached_share']:.0f}% of training s)")
 
 
-def cache_words(runs: list[dict]) -> str:
-    """Whether a build's times are cold-cache times, in words, from its training runs."""
+def cache_entries() -> int:
+    """How many trained models the run cache holds now (``$ICLNB_CACHE_DIR``, else ``~/.cache/iclnb``,
+    as ``iclnb.engine.cache.cache_dir`` has it; the book machinery does not import the engine)."""
+    folder = Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
+    return sum(1 for p in folder.glob("*.pt") if not p.name.endswith(".ckpt.pt")) if folder.is_dir() else 0
+
+
+def cache_words(runs: list[dict], empty_at_start: bool = False) -> str:
+    """Whether a build's times are cold-cache times, in words, from its training runs;
+    ``empty_at_start``: the run cache held no model when the build began, so what a chapter
+    loaded, this build had trained (chapter 3 reuses chapter 2's runs)."""
     t = training_summary(runs)
     if not t["runs"]:
         return "no training runs"
     if not t["cached_runs"]:
         return "cold run cache: every model trained now"
+    if empty_at_start:
+        return (f"cold run cache: the cache was empty at the start; {t['cached_runs']} of {t['runs']} training runs "
+                "loaded models this build had trained (chapter 3 reuses chapter 2's runs)")
     return (f"WARM run cache: {t['cached_runs']} of {t['runs']} training runs, {100 * t['cached_share']:.0f}% of "
             "the training seconds, loaded, not trained; for a cold-cache time set ICLNB_CACHE_DIR to an empty folder")
 
@@ -111,6 +123,7 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
     """
     preset = "smoke" if smoke else preset
     url = repository_url()  # before the chapters run: a bad $ICLNB_REPO_URL fails at once
+    empty_at_start = cache_entries() == 0
     results = []
     for ch in runner.chapters():
         use = preset if preset in ch.presets else None
@@ -130,6 +143,6 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
         log(r.summary())
         log(f"    training: {training_line(r.runs)}")
     every = [x for r in results for x in r.runs]
-    log(f"total {sum(r.seconds for r in results):.1f} s ({cache_words(every)}); book build "
+    log(f"total {sum(r.seconds for r in results):.1f} s ({cache_words(every, empty_at_start)}); book build "
         f"{'ok' if code == 0 else 'FAILED'} -> {runner.ROOT / '_build' / 'html' / 'index.html'}")
     return 0 if code == 0 and all(r.ok for r in results) else 1
