@@ -167,7 +167,7 @@ def test_verdicts_page(robustness, tmp_path, monkeypatch):
     c.finish()
     lines = verdicts_markdown([(1, "1. Old", "01_a", _chapter()), (2, "2. New", "02_spec", c.to_dict())])
     text = "\n".join(lines)
-    assert lines[0] == "# Verdicts" and "Chapters 1 still record their claims the older way" in text
+    assert lines[0] == "# Verdicts" and "Chapter 1 still records their claims the older way" in text
     assert text.index("## Seed 000") < text.index("### 1. Old") < text.index("## Seed 001") < text.index("### 2. New")
     rows = {r[0].split("`")[1]: r for r in (line.strip("|").split(" | ") for line in lines
                                             if line.startswith("| `"))}

@@ -158,11 +158,12 @@ class VerdictBox:
 
 # ---- the Verdicts page ----------------------------------------------------------------------------
 PAPERS = (  # (seed, the paper, its chapters)
-    ("000", "Li, Song, Xia, Yu, Zhou 2023: softmax regression and in-context learning (arXiv 2304.13276)", (1,)),
-    ("001", "He, Pan, Chen, Yang 2025: multi-head softmax attention as kernel regressors (arXiv 2503.12734)",
-     (2, 3, 6, 7)),
-    ("002", "Collins, Parulekar, Mokhtari, Sanghavi, Shakkottai 2024: softmax attention adapts to the function's "
-            "Lipschitzness (NeurIPS)", (4, 5)),
+    ("000", "Li, Song, Xia, Yu, Zhou 2023, *The Closeness of In-Context Learning and Weight Shifting for Softmax "
+            "Regression* (arXiv 2304.13276)", (1,)),
+    ("001", "He, Pan, Chen, Yang 2025, *In-Context Linear Regression Demystified: Training Dynamics and Mechanistic "
+            "Interpretability of Multi-Head Softmax Attention* (arXiv 2503.12734)", (2, 3, 6, 7)),
+    ("002", "Collins, Parulekar, Mokhtari, Sanghavi, Shakkottai 2024, *In-Context Learning with Transformers: Softmax "
+            "Attention Adapts to Function Lipschitzness* (NeurIPS)", (4, 5)),
 )
 VERDICT_HEADERS = ("claim", "question", "verdict", "rival", "over seeds (defaults)", "paper scale", "where")
 
@@ -196,12 +197,15 @@ def verdicts_markdown(chapters: list[tuple[int, str, str, dict]]) -> list[str]:
              "pass; when it passes too, the verdict reads *holds, shared with* the rival: the pattern belongs to "
              "the task, not to softmax. Reported numbers and the library's sanity checks are in each chapter's "
              "claims table, not here.", ""]
-    converted = [n for n, _, _, data in chapters if any(r.get("question") for r in data.get("claims", []))]
-    old = [n for n, _, _, data in chapters if n not in converted and data.get("claims")]
+    papers_chapters = {n for _, _, numbers in PAPERS for n in numbers}
+    old = [n for n, _, _, data in chapters if n in papers_chapters and any(
+        r.get("kind") in ("check", "finding", "not_attempted") and not r.get("question")
+        for r in data.get("claims", []))]
     if old:
-        lines += [f"Chapters {', '.join(map(str, old))} still record their claims the older way: their rows "
-                  "say *older vocabulary*, and their rivals have not yet been re-labelled by question "
-                  "(effect or mechanism) or by how they are obtained.", ""]
+        many = len(old) > 1
+        lines += [f"Chapter{'s' if many else ''} {', '.join(map(str, old))} still record{'' if many else 's'} "
+                  "their claims the older way: their rows say *older vocabulary*, and their rivals have not yet been "
+                  "re-labelled by question (effect or mechanism) or by how they are obtained.", ""]
     by_number = {n: (title, stem, data) for n, title, stem, data in chapters}
     for seed, paper, numbers in PAPERS:
         present = [n for n in numbers if n in by_number]
