@@ -64,7 +64,7 @@ def test_verdicts_in_words():
     assert verdict(m, True, True) == "holds, shared with linear attention"
     assert verdict(m, False, False) == "fails"
     assert verdict(f, False, None) == "not reproduced"
-    assert verdict(f, True, False) == "holds (declared a finding: its declaration is out of date)"
+    assert verdict(f, True, False) == "holds (a declared finding)"
     assert verdict(e, True, False) == "holds (effect only)"
     assert verdict(e, True, True) == "fails: chance reads as much"
 

@@ -348,7 +348,7 @@ def verdict(spec: ClaimSpec, passed: bool | None, rival_passed: bool | None, pre
         words = FAILS + ": chance reads as much" if spec.question == "effect" else shared(spec.rival)
     else:
         words = EFFECT if spec.question == "effect" else HOLDS
-    return words + (" (declared a finding: its declaration is out of date)" if finding else "")
+    return words + (" (a declared finding)" if finding else "")
 
 
 # ---- history from git ---------------------------------------------------------------------------

@@ -20,18 +20,23 @@ from iclnb.bookkit.scorecard import (
 )
 
 
+def minutes(seconds) -> str:
+    m = round((seconds or 0) / 60)
+    return f"{m} minute{'' if m == 1 else 's'}"
+
+
 def run_time_words(rec: dict) -> str:
     """How long a record's runs took, in words: per seed, the training of its models (the original
     training where this execution loaded them from the run cache) and this execution's wall time."""
     parts = []
     for wall, t in zip(rec.get("wall_seconds") or [], rec.get("training") or []):
         train, speed, cached = t.get("train_seconds") or 0, t.get("steps_per_second"), t.get("from_cache") or 0
-        words = f"its models trained for {train / 60:.0f} minutes" + (f" at {speed:.0f} steps/s" if speed else "")
+        words = f"its models trained for {minutes(train)}" + (f" at {speed:.0f} steps/s" if speed else "")
         if cached:
             words += (f", and this execution, which loaded {cached} of their {t.get('runs')} runs from the run "
-                      f"cache, took {(wall or 0) / 60:.0f} minutes")
+                      f"cache, took {minutes(wall)}")
         else:
-            words += f", in an execution of {(wall or 0) / 60:.0f} minutes"
+            words += f", in an execution of {minutes(wall)}"
         parts.append(words)
     where = rec.get("device", "an unrecorded device")
     return (" and ".join(parts) or "its time was not recorded") + f", on {where}"
@@ -80,7 +85,7 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
             f"{sum(passes(c) for c in evidence)} pass" + (" at every seed" if len(seeds) > 1 else "")
             + (f", {len(shared)} of them shared with their rival ({ids(shared)})" if shared else "") + ". ")
     if findings:
-        text += (f"Of the {len(findings)} findings at the defaults, "
+        text += (f"Of the {len(findings)} finding{'s' if len(findings) > 1 else ''} at the defaults, "
                  + (f"{ids(now_hold)} pass{'es' if len(now_hold) == 1 else ''} at this scale"
                     if now_hold else "none passes at this scale")
                  + (f" and {ids(still)} still do{'es' if len(still) == 1 else ''} not" if still else "") + ". ")
