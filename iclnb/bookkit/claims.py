@@ -10,7 +10,7 @@ sweeps match on ids, never on wording):
   the check **strong**, *init* (the same models before training) **weak**. It holds only when
   the value passes *and* the null fails. ``basis`` (``BASES``) says where the threshold comes
   from: theory (naming the result), mc (a multiple of a standard error), the paper's own number,
-  or chosen (fixed before the run).
+  or chosen (the book's own; the spec's history says when).
 * :meth:`Claims.ordering`: "A beats B", with both sides' own statistics (never a ratio and its
   reciprocal).
 * a **finding**: a claim of the paper that the chapter measures and does not see reproduce,
