@@ -186,3 +186,16 @@ def test_margins_over_seeds():
     assert margins_cell({"id": "a", "op": "<"}, rec) == "0.3 to 0.4; -0.1 to 0.05"
     assert margins_cell({"id": "a", "op": "<", "form": "ordering"}, rec) == "0.3 to 0.4; (its threshold)"
     assert margins_cell({"id": "a", "op": "<"}, {"claims": {"a": {"values": [0.1]}}}) == ""
+
+
+def test_seeds_of_a_spec_claim_count_its_verdict():
+    """Over seeds, a claim of a spec counts the seeds that reach this run's verdict: a shared
+    verdict is a result, and its seeds are counted as shared, not as failures."""
+    from iclnb.bookkit.scorecard import _seeds_cell
+
+    shared = "holds, shared with linear attention (not enforced)"
+    rec = {"seeds": [0, 1, 2, 3, 4], "claims": {"a": {"passed": [True] * 5, "null_passed": [True] * 4 + [False],
+                                                      "status": [shared] * 4 + ["holds (not enforced)"]}}}
+    row = {"id": "a", "kind": "check", "question": "mechanism", "status": "holds, shared with linear attention"}
+    assert _seeds_cell(row, rec, False) == "shared at 4 of 5"
+    assert _seeds_cell({**row, "status": "holds"}, rec, True) == "holds at 1 of 5 **not robust** (stale)"

@@ -340,13 +340,26 @@ def robust(k: int, n: int) -> bool:
     return n > 0 and ROBUST[1] * k >= ROBUST[0] * n
 
 
+def _bare(status) -> str:
+    return str(status).replace(" (not enforced)", "")
+
+
 def _seeds_cell(r: dict, rec, stale: bool) -> str:
+    """A claim's pass rate over the seeds of its robustness record; for a claim of a chapter's
+    spec, the seeds that reach this run's verdict ("holds, shared with ..." counts as itself)."""
     if rec is None:
         return "no record"
     kn = seed_passes(rec, r["id"])
     if kn is None:
         return "not in the record"
-    text = f"{kn[0]} of {kn[1]}" + (" **not robust**" if r["kind"] == "check" and not robust(*kn) else "")
+    if r.get("question"):
+        verdict = _bare(r["status"])
+        statuses = [_bare(x) for x in (rec["claims"][r["id"]].get("status") or [])]
+        kn = (sum(x == verdict for x in statuses), kn[1])
+        text = f"{'shared' if verdict.startswith('holds, shared') else verdict} at {kn[0]} of {kn[1]}"
+    else:
+        text = f"{kn[0]} of {kn[1]}"
+    text += " **not robust**" if r["kind"] == "check" and not robust(*kn) else ""
     return text + (" (stale)" if stale else "")
 
 
