@@ -28,8 +28,8 @@ def minutes(seconds) -> str:
 def run_time_words(rec: dict) -> str:
     """How long a record's runs took, in words: per seed, the training of its models (the original
     training where this execution loaded them from the run cache) and this execution's wall time."""
-    parts = []
-    for wall, t in zip(rec.get("wall_seconds") or [], rec.get("training") or []):
+    parts, seeds = [], rec.get("seeds") or []
+    for i, (wall, t) in enumerate(zip(rec.get("wall_seconds") or [], rec.get("training") or [])):
         train, speed, cached = t.get("train_seconds") or 0, t.get("steps_per_second"), t.get("from_cache") or 0
         words = f"its models trained for {minutes(train)}" + (f" at {speed:.0f} steps/s" if speed else "")
         if cached:
@@ -37,9 +37,9 @@ def run_time_words(rec: dict) -> str:
                       f"cache, took {minutes(wall)}")
         else:
             words += f", in an execution of {minutes(wall)}"
-        parts.append(words)
+        parts.append(f"at seed {seeds[i]}, {words}" if len(seeds) > 1 and i < len(seeds) else words)
     where = rec.get("device", "an unrecorded device")
-    return (" and ".join(parts) or "its time was not recorded") + f", on {where}"
+    return ("; ".join(parts) or "its time was not recorded") + f"; on {where}"
 
 
 def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -> str:
