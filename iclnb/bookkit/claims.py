@@ -43,6 +43,7 @@ from pathlib import Path
 
 from iclnb.bookkit.claimspec import (  # noqa: F401 - where a chapter's declarations are read, re-exported
     CLAIMS_ENV,
+    DECLARED,
     OPS,
     PRESET_ENV,
     SOURCE_ENV,
@@ -80,7 +81,6 @@ BASES = {"theory": "theory", "paper": "the paper", "mc": "Monte Carlo error", "c
 # the kinds of null an evidence check may face, and the strength each gives it
 NULL_KINDS = {"competitor": "strong", "chance": "strong", "init": "weak"}
 UNSTATED = "unstated"  # transition: a check that names no null kind (counts as weak)
-DECLARED = ("before", "after")  # when a finding was declared: before the run, or after a failing run
 STRICT_ENV = "ICLNB_CLAIMS_STRICT"  # "1": every transitional form is a ValueError
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
