@@ -54,5 +54,4 @@ def test_chapter04_smoke(smoke_run):
     for c in data["claims"]:  # every evidence check carries its rival's value from the run
         if c["kind"] in ("check", "finding"):
             assert c["null"] and c["null_value"] is not None and c["basis"], c["id"]
-            assert not c["flags"], (c["id"], c["flags"])
         assert c["words"], c["id"]  # every claim's verdict in words, from the spec

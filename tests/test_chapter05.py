@@ -72,7 +72,6 @@ def test_chapter05_smoke(smoke_run):
     for c in data["claims"]:
         if c["kind"] in ("check", "finding"):  # every evidence check carries its rival's value from the run
             assert c["null"] and c["null_value"] is not None and c["basis"] in ("chosen", "mc"), c["id"]
-            assert not c["flags"], (c["id"], c["flags"])
         assert c["words"], c["id"]  # every claim's verdict in words, from the spec
     assert {c for c, v in claims.items() if v["kind"] == "report"} == REPORTS
     assert claims["kernel-predict"]["kind"] == claims["slope-even"]["kind"] == "sanity"

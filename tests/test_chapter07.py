@@ -64,4 +64,3 @@ def test_chapter07_smoke(smoke_run):
     assert by_id["step-fit-exact"]["kind"] == "sanity" and by_id["pairs-every-phi"]["kind"] == "report"
     assert by_id["dynamics-every-phi"]["kind"] == "not_attempted"
     assert all(c["words"] for c in data["claims"])  # every verdict in words, from the spec
-    assert not any(c["flags"] for c in data["claims"])

@@ -5,23 +5,29 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.bookkit.claims import Claims, ClaimsFailed, transitional
+from iclnb.bookkit.claims import Claims, ClaimsFailed
 from iclnb.bookkit.scorecard import scorecard_markdown
 
-
-@pytest.fixture(autouse=True)
-def _transitional_forms_allowed(monkeypatch):
-    """These tests also exercise the transitional forms (flagged, not raised): strict is off unless
-    a test turns it on (the chapters run strict, the default)."""
-    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "0")
+NULL = dict(null="a simpler explanation", null_kind="competitor", basis="theory", basis_ref="Theorem 1")
 
 
-NULL = dict(null="a simpler explanation", basis="theory")
+def _failing(op, threshold):
+    """A null's value that fails ``<op> threshold``."""
+    if op == "is":
+        return not threshold
+    if op in ("<", "<=", ">", ">="):
+        return threshold + 1.5 if op in ("<", "<=") else threshold - 1.5
+    pair = op == "in" and isinstance(threshold, (tuple, list)) and len(threshold) == 2
+    return threshold[1] + 1.5 if pair else 0.0
 
 
 def ev(c, cid, text, value, op, threshold, null_value=None, **kw):
-    """An old-style (transitional) evidence check whose null (by default a non-number) fails."""
+    """An evidence check whose null (by default one that fails) is a competitor."""
+    null_value = _failing(op, threshold) if null_value is None else null_value
     return c.check(cid, text, value, op, threshold, null_value=null_value, **(NULL | kw))
+
+
+AFTER = {"declared": "after", "why": "fails at the defaults", "commit": "abc1234"}
 
 
 def strong(c, cid, value, op, threshold, null_value, **kw):
@@ -64,8 +70,7 @@ def test_ids_are_checked_and_unique():
 def test_findings_keep_threshold_and_are_not_enforced(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
-    c = Claims("ch", enforce=True, findings={"h8-diag": "below paper scale; longer training may help",
-                                             "h4-diag": "below paper scale"})
+    c = Claims("ch", enforce=True, findings={"h8-diag": AFTER, "h4-diag": AFTER})
     assert not ev(c, "h8-diag", "H=8 diag ratio", 0.96, ">=", 0.98, ref="Obs. 1")
     assert ev(c, "h4-diag", "H=4 diag ratio", 0.99, ">=", 0.98)
     ev(c, "ok", "fine", 1, "<", 2)
@@ -114,7 +119,7 @@ def test_sanity_checks_are_enforced_and_grouped_apart(tmp_path, monkeypatch):
     assert c.sanity("pre", "precondition by construction", True, "is", True, ref="Thm 1")
     c.report("num", "a number", 2.5)
     assert ev(c, "ev", "evidence", 0.1, "<", 1)
-    c.findings["fi"] = "does not reproduce"
+    c.findings["fi"] = AFTER
     assert not ev(c, "fi", "a finding", 3, "<", 1)
     assert c["pre"].kind == "sanity" and c["pre"].group == "sanity" and c["ev"].group == "evidence"
     table = c.finish()
@@ -139,9 +144,9 @@ def test_sanity_checks_are_enforced_and_grouped_apart(tmp_path, monkeypatch):
 def test_evidence_needs_a_null_and_a_basis():
     c = Claims("x")
     with pytest.raises(ValueError, match="names no null"):
-        c.check("a", "a", 1, "<", 2, null="", null_value=3, basis="theory")
+        c.check("a", "a", 1, "<", 2, null="", null_value=3, null_kind="competitor", basis="theory")
     with pytest.raises(ValueError, match="basis"):
-        c.check("b", "b", 1, "<", 2, null="fixed window", null_value=3, basis="tuned")
+        c.check("b", "b", 1, "<", 2, null="fixed window", null_value=3, null_kind="competitor", basis="tuned")
     with pytest.raises(TypeError):
         c.check("c", "c", 1, "<", 2)  # no null at all: not an evidence check
 
@@ -150,13 +155,14 @@ def test_a_null_that_passes_fails_the_check(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(path))
     c = Claims("ch", enforce=True)
-    assert c.check("sep", "separates", 0.1, "<", 0.5, null="plain GD", null_value=0.9, basis="mc")
+    assert c.check("sep", "separates", 0.1, "<", 0.5, null="plain GD", null_value=0.9, basis="mc",
+                   null_kind="competitor", se=0.01, se_multiple=3)
     assert not c.check("same", "does not separate", 0.1, "<", 0.5, null="plain GD", null_value=0.2, basis="mc",
-                       paper=0.12)
+                       null_kind="competitor", se=0.01, se_multiple=3, paper=0.12)
     assert c["same"].passed and c["same"].null_passed and c["same"].status == "FAIL: null passes"
     assert [f.id for f in c.failed] == ["same"]
     h = c.table()._repr_html_()
-    assert "plain GD: 0.9 (fails)" in h and "plain GD: 0.2 (passes)" in h and "(Monte Carlo error, unsupported)" in h
+    assert "plain GD: 0.9 (fails)" in h and "plain GD: 0.2 (passes)" in h and "(Monte Carlo: 3 × s.e. 0.01)" in h
     with pytest.raises(ClaimsFailed, match="cannot tell the two apart"):
         c.finish()
     data = json.loads(path.read_text())
@@ -168,10 +174,10 @@ def test_findings_are_declared_before_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("ICLNB_CLAIMS_JSON", str(tmp_path / "c.json"))
     with pytest.raises(ValueError, match="finding 'a' needs why"):
         Claims("x", findings={"a": ""})  # a finding says why
-    c = Claims("x", findings={"never": "declared, not recorded"})
+    c = Claims("x", findings={"never": AFTER})
     with pytest.raises(ClaimsFailed, match="never recorded"):
         c.finish()
-    c = Claims("x", findings={"f": "why"})
+    c = Claims("x", findings={"f": AFTER})
     with pytest.raises(ValueError, match="declared a finding"):
         c.sanity("f", "f", 1, "<", 2)
 
@@ -179,7 +185,7 @@ def test_findings_are_declared_before_the_run(tmp_path, monkeypatch):
 def test_not_attempted_and_scorecard():
     c = Claims("x")
     ev(c, "ok", "holds", 1, "<", 2, paper=1.1)
-    c.findings["nr"] = "longer training would not change it"
+    c.findings["nr"] = AFTER | {"why": "longer training would not change it"}
     ev(c, "nr", "does not hold", 3, "<", 2)
     c.not_attempted("na", "the rate in sigma", "the sweep is too slow here", ref="Thm 3")
     c.sanity("s", "identity", 0, "<", 1)
@@ -200,18 +206,15 @@ def test_null_kinds_and_strength(tmp_path, monkeypatch):
     assert strong(c, "comp", 0.1, "<", 0.5, 0.9)
     assert strong(c, "chance", 0.9, ">", 0.6, 0.5, null_kind="chance", null="a permutation")
     assert strong(c, "init", 0.99, ">=", 0.98, 0.3, null_kind="init", null="the same heads at initialisation")
-    assert ev(c, "old", "old style", 0.1, "<", 0.5, null_value=0.9)  # transition: no null_kind
     assert strong(c, "boolean", True, "is", True, False)  # a bool null for op "is"
-    assert [c[i].strength for i in ("comp", "chance", "init", "old")] == ["strong", "strong", "weak", "weak"]
-    assert c["old"].null_kind == "unstated" and c["old"].flags == ["null kind unstated", "unsupported basis"]
+    assert [c[i].strength for i in ("comp", "chance", "init")] == ["strong", "strong", "weak"]
     c.finish()
     data = json.loads(path.read_text())
-    assert data["strong"] == 3 and data["weak"] == 2
+    assert data["strong"] == 3 and data["weak"] == 1
     row = {r["id"]: r for r in data["claims"]}
     assert row["init"]["null_kind"] == "init" and row["init"]["strength"] == "weak"
     h = c.table()._repr_html_()
     assert "[competitor · strong] a competitor: 0.9 (fails)" in h and "[init · weak] the same heads" in h
-    assert "[unstated · weak]" in h
     with pytest.raises(ValueError, match="null_kind='trained'"):
         strong(c, "bad-kind", 0.1, "<", 0.5, 0.9, null_kind="trained")
 
@@ -224,13 +227,8 @@ def test_a_null_must_be_a_finite_measured_number():
     with pytest.raises(ValueError, match="'bad-is'.*boolean"):
         strong(c, "bad-is", True, "is", True, 0.0)
     assert strong(c, "np", np.float64(0.1), "<", 0.5, torch.tensor(0.9))  # numpy / torch scalars are numbers
-    # transition (no null_kind): recorded, flagged, the null fails as before
-    assert ev(c, "nan-null", "old", 0.1, "<", 0.5, null_value=math.nan)
-    assert c["nan-null"].flags == ["null kind unstated", "null not a finite number", "unsupported basis"]
     with pytest.raises(ValueError, match="reciprocal"):
         strong(c, "recip", 0.5, "<", 1, 2.0)  # a ratio and its reciprocal: use ordering()
-    ev(c, "old-recip", "old", 0.5, "<", 1, null_value=2.0)
-    assert "null is the value's reciprocal" in c["old-recip"].flags
 
 
 def test_ordering_records_both_sides(tmp_path, monkeypatch):
@@ -274,15 +272,14 @@ def test_threshold_bases():
     strong(c, "pp", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="", paper=0.45)
     strong(c, "pr", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="Table 2")
     strong(c, "ch", 0.1, "<", 0.5, 0.9, basis="chosen", basis_ref="")
-    assert all(not c[i].flags for i in ("th", "mc", "pp", "pr", "ch"))
     assert (c["mc"].se, c["mc"].se_multiple) == (0.1, 4)
     cells = {r[0]: r[3] for r in map(c.table()._cells, c.to_dict()["claims"])}
     assert cells == {"th": "< 0.5 (theory: Theorem 2)", "mc": "< 0.5 (Monte Carlo: 4 × s.e. 0.1)",
                      "pp": "< 0.5 (the paper's 0.45)", "pr": "< 0.5 (the paper: Table 2)", "ch": "< 0.5 (chosen)"}
-    # transition: an old basis without its fields is accepted and flagged
-    for basis in ("theory", "mc", "paper"):
-        strong(c, f"old-{basis}", 0.1, "<", 0.5, 0.9, basis=basis, basis_ref="")
-        assert c[f"old-{basis}"].flags == ["unsupported basis"], basis
+    # each basis names what it rests on
+    for basis, needs in (("theory", "basis_ref="), ("mc", "se="), ("paper", "paper=")):
+        with pytest.raises(ValueError, match=f"basis='{basis}' needs {needs}"):
+            strong(c, f"bare-{basis}", 0.1, "<", 0.5, 0.9, basis=basis, basis_ref="")
     with pytest.raises(ValueError, match="se_multiple"):
         strong(c, "half-mc", 0.1, "<", 0.5, 0.9, basis="mc", se=0.1)  # half the mc fields is an error
     with pytest.raises(ValueError, match="se="):
@@ -291,31 +288,16 @@ def test_threshold_bases():
         strong(c, "tuned", 0.1, "<", 0.5, 0.9, basis="tuned")
 
 
-def test_strict_refuses_every_transitional_form(monkeypatch):
-    s = Claims("x", strict=True)
-    with pytest.raises(ValueError, match="'a' states no null_kind"):
-        ev(s, "a", "a", 0.1, "<", 0.5, null_value=0.9)
-    with pytest.raises(ValueError, match="basis='theory' needs basis_ref="):
-        strong(s, "b", 0.1, "<", 0.5, 0.9, basis_ref="")
-    with pytest.raises(ValueError, match="basis='mc' needs se="):
-        strong(s, "c", 0.1, "<", 0.5, 0.9, basis="mc", basis_ref="")
-    with pytest.raises(ValueError, match="basis='paper' needs paper="):
-        strong(s, "d", 0.1, "<", 0.5, 0.9, basis="paper", basis_ref="")
+def test_every_weaker_form_is_refused():
+    s = Claims("x")
+    with pytest.raises(TypeError, match="null_kind"):
+        s.check("a", "a", 0.1, "<", 0.5, null="b", null_value=0.9, basis="chosen")
     with pytest.raises(ValueError, match="not dated"):
-        Claims("x", strict=True, findings={"f": "why, but not when"})
+        Claims("x", findings={"f": "why, but not when"})
     s.findings["late"] = "added after construction"
     with pytest.raises(ValueError, match="'late' is not dated"):
         strong(s, "late", 0.1, "<", 0.5, 0.9)
-    assert strong(s, "ok", 0.1, "<", 0.5, 0.9) and transitional(s.to_dict()) == []
-    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "1")
-    assert Claims("x").strict and not Claims("x", strict=False).strict
-    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "0")
-    c = Claims("x", findings={"f": "why"})
-    assert not Claims("x").strict
-    ev(c, "old", "old", 0.1, "<", 0.5, null_value=0.9)
-    ev(c, "f", "f", 0.1, "<", 0.5, null_value=0.9)
-    assert transitional(c.to_dict()) == ["old: null kind unstated", "old: unsupported basis",
-                                         "f: null kind unstated", "f: unsupported basis", "f: finding not dated"]
+    assert strong(s, "ok", 0.1, "<", 0.5, 0.9)
 
 
 FRONT = """---
@@ -353,7 +335,7 @@ def test_findings_from_the_front_matter(tmp_path, monkeypatch):
     assert "<code>follows</code> (declared before the run)" in h
     assert h.count("declared before the run") == 1  # the wording comes from the field, never hard-coded
     data = json.loads((tmp_path / "c.json").read_text())
-    assert data["findings_declared"] == {"before": 1, "after": 1, "unknown": 0} and transitional(data) == []
+    assert data["findings_declared"] == {"before": 1, "after": 1, "unknown": 0}
     # the paper preset: findings_paper replaces the default findings
     monkeypatch.setenv("ICLNB_PRESET", "paper")
     assert set(Claims("05_ch").findings) == {"follows"}
@@ -363,11 +345,13 @@ def test_findings_from_the_front_matter(tmp_path, monkeypatch):
     other.write_text(FRONT.replace("findings_paper", "unused"))
     monkeypatch.setenv("ICLNB_CHAPTER_SOURCE", str(other))
     assert set(Claims("05_ch").findings) == {"h3-ov-last", "follows"}
-    # an explicit dict replaces the front matter (tests, the transition): declared "unknown"
-    c = Claims("05_ch", findings={"x": "a reason"})
+    # an explicit dict replaces the front matter (tests); every finding is dated
+    c = Claims("05_ch", findings={"x": AFTER})
     assert c.findings_source == "explicit"
     ev(c, "x", "x", 3, "<", 1)
-    assert c["x"].declared == "unknown" and "declared at a time the chapter does not record" in repr(c.table())
+    assert c["x"].declared == "after"
+    with pytest.raises(ValueError, match="not dated"):
+        Claims("05_ch", findings={"x": "a reason"})
 
 
 def test_skipped_findings_and_bad_declarations(tmp_path, monkeypatch):
@@ -425,17 +409,8 @@ def test_to_dict_keeps_its_keys():
     row = d["claims"][0]
     assert {"id", "text", "value", "op", "threshold", "ref", "passed", "kind", "null", "null_value", "null_passed",
             "basis", "paper", "note", "status", "condition", "group"} <= set(row)
-    assert {"null_kind", "strength", "form", "basis_ref", "se", "se_multiple", "declared", "own", "flags",
+    assert {"null_kind", "strength", "form", "basis_ref", "se", "se_multiple", "declared", "own",
             "holds"} <= set(row)
     assert row["own"] is True and d["claims"][1]["own"] is True  # ref "ours" marks the book's own claim
     assert "the book's own" in c.table()._cells(row)[6]
     json.dumps(d)  # JSON-safe
-
-
-def test_strict_is_the_default(monkeypatch):
-    """Every chapter is converted: without $ICLNB_CLAIMS_STRICT a transitional form is an error."""
-    monkeypatch.delenv("ICLNB_CLAIMS_STRICT")
-    c = Claims("x", findings={})
-    assert c.strict
-    with pytest.raises(ValueError, match="null_kind"):
-        c.check("a", "a", 1, "<", 2, null="b", null_value=3, basis="chosen")

@@ -62,8 +62,8 @@ def test_a_record_per_seed_resumed_read_back_and_stale(seeded, tmp_path):
     assert robustness.holds(both) == [True, False, None]
     assert robustness.holds(rec["claims"]["k"]) == [True, True, None]
     assert rec["claims"]["twice"]["values"] == [0, 2, None] and robustness.holds(rec["claims"]["twice"]) == [None] * 3
-    assert any("even" in line and "holds at 1 of 3 seeds" in line for line in lines)
-    assert any("fewer than 80%" in line and "even" in line for line in lines)
+    assert any("even" in line and "holds at 1; fails at 1; not recorded at 1 of 3 seeds" in line for line in lines)
+    assert any("no verdict at 80% of the seeds" in line and "even" in line for line in lines)
     assert not robustness.is_stale(rec, seeded.path)
     # a second call skips the seeds that ran from this source and runs the failed one again
     lines.clear()

@@ -9,18 +9,10 @@ from iclnb.bookkit.claims import Claims
 from iclnb.bookkit.scorecard import robust, scorecard_markdown, seed_passes
 
 
-@pytest.fixture(autouse=True)
-def _transitional_forms_allowed(monkeypatch):
-    """These tests also exercise the transitional forms (flagged, not raised): strict is off unless
-    a test turns it on (the chapters run strict, the default)."""
-    monkeypatch.setenv("ICLNB_CLAIMS_STRICT", "0")
-
-
 def _chapter(name="01_a"):
     c = Claims(name, enforce=True, findings={
         "f-before": {"declared": "before", "why": "below the paper's scale"},
-        "f-after": {"declared": "after", "why": "failed at the defaults", "commit": "8517d88"},
-        "f-old": "a reason, not dated"})
+        "f-after": {"declared": "after", "why": "failed at the defaults", "commit": "8517d88"}})
     c.check("strong-1", "beats a competitor", 0.1, "<", 0.5, null="ridge", null_value=0.9, null_kind="competitor",
             basis="theory", basis_ref="Theorem 2", ref="Thm 2", paper=0.12)
     c.check("weak-1", "better than at init", 0.99, ">=", 0.98, null="init", null_value=0.3, null_kind="init",
@@ -29,7 +21,6 @@ def _chapter(name="01_a"):
                null_kind="competitor", basis="chosen", own=True)
     c.check("f-before", "a finding", 3, "<", 1, null="x", null_value=5, null_kind="chance", basis="paper", paper=1)
     c.check("f-after", "a finding", 3, "<", 1, null="x", null_value=5, null_kind="init", basis="chosen")
-    c.check("f-old", "a finding", 0.5, "<", 1, null="x", null_value=5, basis="theory")
     c.sanity("s", "identity", 0, "<", 1)
     c.report("r", "a number", 2.5)
     c.not_attempted("na", "a rate", "too slow here", ref="Thm 9")
@@ -77,23 +68,22 @@ def test_scorecard_counts_strength_and_pass_rates(robustness):
     robustness.stale.add("01_a")
     lines = scorecard_markdown([("Chapter 1", "01_a", _chapter()), ("Chapter 2", "02_b", _chapter("02_b"))])
     assert "## Scorecard" in lines
-    summary = _table(lines, "evidence: strong")
-    # strong, weak, sanity, findings before / after / not dated, reported, not attempted, robust over seeds
-    assert summary[0] == ["Chapter 1", "2", "1", "1", "1", "1", "1", "1", "1", "2 of 3 (stale)"]
-    assert summary[1] == ["Chapter 2", "2", "1", "1", "1", "1", "1", "1", "1", "no record"]
-    assert summary[2] == ["**all chapters**", "4", "2", "2", "2", "2", "2", "2", "2",
+    summary = _table(lines, "holds (effect only)")
+    # holds, effect only, shared, fails, not reproduced, reported, sanity, not attempted, robust over seeds
+    assert summary[0] == ["Chapter 1", "3", "0", "0", "0", "2", "1", "1", "1", "2 of 3 (stale)"]
+    assert summary[1] == ["Chapter 2", "3", "0", "0", "0", "2", "1", "1", "1", "no record"]
+    assert summary[2] == ["**all chapters**", "6", "0", "0", "0", "4", "2", "2", "2",
                           "2 of 3 (1 chapter(s) without a record)"]
     text = "\n".join(lines)
     assert "seeds 0, 1, 2, 3, 4, commit `abc1234`" in text and "**stale**" in text
     assert "iclnb robustness 02_b --seeds 0 1 2 3 4" in text
-    rows = {(r[0], r[1]): r for r in _table(lines, "null kind")}
+    rows = {(r[0], r[1]): r for r in _table(lines, "question · rival")}
     s1, w1, o1 = rows["Chapter 1", "strong-1"], rows["Chapter 1", "weak-1"], rows["Chapter 1", "ours-1"]
     assert s1[3:8] == ["the paper's", "competitor · strong", "theory: Theorem 2", "pass", "4 of 5 (stale)"]
     assert w1[4:8] == ["init · weak", "Monte Carlo: 3 × s.e. 0.001", "pass", "3 of 5 **not robust** (stale)"]
     assert o1[3] == "the book's own" and o1[5] == "chosen" and o1[12] == "new recipe: 7" and o1[9] == "not run"
     assert rows["Chapter 1", "f-after"][6] == "not reproduced; finding, declared after a failing run (commit 8517d88)"
     assert rows["Chapter 1", "f-after"][7] == "0 of 5 (stale)"  # a finding: no "not robust" mark
-    assert rows["Chapter 1", "f-old"][4] == "unstated · weak" and rows["Chapter 1", "f-old"][5] == "theory, unsupported"
     assert rows["Chapter 1", "f-before"][7] == "not in the record"
     assert rows["Chapter 1", "na"][6] == "not attempted" and rows["Chapter 1", "na"][7] == ""
     assert rows["Chapter 2", "strong-1"][7] == "no record"
@@ -103,8 +93,8 @@ def test_scorecard_counts_strength_and_pass_rates(robustness):
 def test_scorecard_without_the_robustness_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", None)  # import fails
     lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
-    assert _table(lines, "evidence: strong")[0][-1] == "no record"
-    assert all(r[7] in ("no record", "") for r in _table(lines, "null kind"))
+    assert _table(lines, "holds (effect only)")[0][-1] == "no record"
+    assert all(r[7] in ("no record", "") for r in _table(lines, "question · rival"))
     assert scorecard_markdown([]) == []
 
 
@@ -137,7 +127,7 @@ def test_paper_scale_verdicts(robustness):
     assert paper_scale_cell("strong-1", five, False) == "holds at 4 of 5 seeds"
     lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
     rows = {r[1]: r for r in _table(lines, "paper scale")}
-    assert rows["strong-1"][9] == "holds (0)" and rows["f-old"][9] == "not in the record"
+    assert rows["strong-1"][9] == "holds (0)" and rows["f-before"][9] == "not in the record"
     note = next(line for line in lines if line.startswith("- Chapter 1 (larger run)"))
     assert "25 min" in note and "1 of 2 evidence checks hold" in note and "1 of 1 findings reproduced" in note
     table = ClaimsTable(_chapter()["claims"], chapter="01_a")

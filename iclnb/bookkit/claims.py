@@ -21,9 +21,8 @@ sweeps match on ids, never on wording):
 * :meth:`Claims.measure`: a claim declared once in the chapter's claim spec
   (:mod:`iclnb.bookkit.claimspec`), measured by one statement, its verdict in words.
 
-Transition: ``strict`` (on by default) makes each older, weaker form a ValueError: a check
-without ``null_kind``, a basis lacking its fields, a non-finite null, an undated finding;
-``strict=False`` (``$ICLNB_CLAIMS_STRICT=0``) records them flagged (:func:`transitional`).
+Every evidence check names its null's kind, a basis with its fields and a finite null, and every
+finding is dated; anything less is a ValueError.
 
 :meth:`Claims.finish` shows the table (:mod:`iclnb.bookkit.scorecard` renders it), writes the
 JSON (to ``$ICLNB_CLAIMS_JSON`` when the runner sets it, else ``<chapter>.claims.json``) and,
@@ -80,8 +79,6 @@ GROUP_OF = {kind: g for g, _, kinds in GROUPS for kind in kinds}
 BASES = {"theory": "theory", "paper": "the paper", "mc": "Monte Carlo error", "chosen": "chosen"}
 # the kinds of null an evidence check may face, and the strength each gives it
 NULL_KINDS = {"competitor": "strong", "chance": "strong", "init": "weak"}
-UNSTATED = "unstated"  # transition: a check that names no null kind (counts as weak)
-STRICT_ENV = "ICLNB_CLAIMS_STRICT"  # "1": every transitional form is a ValueError
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -101,8 +98,8 @@ class Claim:
     basis: str = ""  # evidence: where the threshold comes from, one of BASES
     paper: object = None  # the paper's own value, where it reports one
     note: str = ""  # a finding's or a not-attempted claim's explanation
-    null_kind: str = ""  # evidence: one of NULL_KINDS, or UNSTATED
-    strength: str = ""  # evidence: "strong" (competitor, chance) or "weak" (init, unstated)
+    null_kind: str = ""  # evidence: one of NULL_KINDS
+    strength: str = ""  # evidence: "strong" (competitor, chance) or "weak" (init)
     form: str = ""  # evidence: "threshold" (check) or "ordering" (A beats B)
     a: str = ""  # an ordering: what the value measures (A)
     margin: float | None = None  # an ordering: the threshold is B's statistic -/+ this margin
@@ -113,7 +110,6 @@ class Claim:
     commit: str = ""  # a finding: the commit that declared it, where given
     own: bool = False  # the book's own claim, not the paper's
     untrained_ok: str = ""  # evidence not about a trained model: why it may hold with untrained models
-    flags: list = field(default_factory=list)  # transitional forms this claim uses (see transitional)
     # a claim measured from the chapter's spec (Claims.measure; iclnb.bookkit.claimspec):
     question: str = ""  # effect, mechanism, sanity, report or not_attempted
     rival_kind: str = ""  # trained, tuned or chance
@@ -168,14 +164,8 @@ class Claim:
         return f"{self.op} {_fmt(self.threshold)}"
 
 
-def transitional(data: dict) -> list[str]:
-    """The transitional forms a claims JSON (``Claims.to_dict()``) still uses, one ``"id: flag"``
-    each; empty when the chapter is fully converted (what ``strict`` enforces)."""
-    return [f"{r['id']}: {flag}" for r in data.get("claims", []) for flag in r.get("flags", [])]
-
-
-def _basis_flags(cid: str, basis: str, basis_ref, se, se_multiple, paper, strict: bool) -> list[str]:
-    """Validate a threshold's basis; ``["unsupported basis"]`` for an old call lacking its fields."""
+def _check_basis(cid: str, basis: str, basis_ref, se, se_multiple, paper) -> None:
+    """Validate a threshold's basis: each basis names what it rests on."""
     if basis not in BASES:
         raise ValueError(f"evidence check {cid!r}: basis={basis!r}; the threshold's source must be one of "
                          f"{sorted(BASES)}")
@@ -185,16 +175,14 @@ def _basis_flags(cid: str, basis: str, basis_ref, se, se_multiple, paper, strict
         if not (_real(se) and se >= 0 and _real(se_multiple) and se_multiple > 0):
             raise ValueError(f"evidence check {cid!r}: basis 'mc' needs se= (a finite standard error >= 0) and "
                              f"se_multiple= (> 0); got se={se!r}, se_multiple={se_multiple!r}")
-        return []
+        return
     missing = {"theory": "basis_ref= naming the result (e.g. 'Theorem 2')",
                "mc": "se= (the standard error) and se_multiple= (its multiple)",
                "paper": "paper= (the paper's own number) or basis_ref= (where the paper states it)"}.get(basis)
     if missing is None or (basis == "theory" and basis_ref.strip()) or (
             basis == "paper" and (paper is not None or basis_ref.strip())):
-        return []
-    if strict:
-        raise ValueError(f"evidence check {cid!r}: basis={basis!r} needs {missing}")
-    return ["unsupported basis"]
+        return
+    raise ValueError(f"evidence check {cid!r}: basis={basis!r} needs {missing}")
 
 
 @dataclass
@@ -204,25 +192,20 @@ class Claims:
     ``enforce``: raise :class:`ClaimsFailed` in :meth:`finish` if any claim failed (a chapter
     parameter: on at its defaults, off in smoke runs and sweeps).
     ``findings``: ``None`` (the default) reads the declarations from the chapter's front matter
-    (:func:`declared_findings`); a dict ``{id: why}`` or ``{id: {declared, why, commit}}`` is used
-    instead (tests; a bare ``why`` is declared "unknown"). :meth:`check` and :meth:`ordering`
+    (:func:`declared_findings`); a dict ``{id: {declared, why, commit}}`` is used instead (tests;
+    a bare ``why``, with no date, is a ValueError). :meth:`check` and :meth:`ordering`
     record a declared id as a finding: evaluated, shown, never enforced.
-    ``strict``: every transitional form (see the module docstring) is a ValueError; ``None`` reads
-    ``$ICLNB_CLAIMS_STRICT`` (on unless it is "0", "false" or "no").
     """
 
     chapter: str
     enforce: bool = True
     claims: list[Claim] = field(default_factory=list)
     findings: dict | None = None
-    strict: bool | None = None
     findings_source: str = ""  # where the findings were declared: "<file>: iclnb.findings", "explicit"
     findings_skipped: list = field(default_factory=list)  # declared, left out of this run by its parameters
     spec: dict | None = None  # the claim spec (id -> ClaimSpec); None: the chapter's front matter (claimspec)
 
     def __post_init__(self):
-        if self.strict is None:
-            self.strict = os.environ.get(STRICT_ENV, "1").strip().lower() not in ("0", "false", "no")
         self._path = claims_target(self.chapter)  # checked now: a run must not fail at its last cell over it
         source = chapter_source(self.chapter)
         if self.spec is None:
@@ -244,7 +227,7 @@ class Claims:
         else:
             self.findings_source = self.findings_source or "explicit"
             for cid, v in self.findings.items():
-                if finding_declaration(cid, v, dated=False)["declared"] == "unknown" and self.strict:
+                if finding_declaration(cid, v, dated=False)["declared"] == "unknown":
                     raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
 
     def _add(self, claim: Claim) -> Claim:
@@ -269,40 +252,30 @@ class Claims:
     def _evidence(self, cid, null_kind, null_value, value, op, basis, basis_ref, se, se_multiple, paper,
                   own, ref, untrained_ok="") -> dict:
         """The fields every evidence claim shares (null kind, strength, basis, finding), validated."""
-        flags = []
-        if null_kind is None:
-            if self.strict:
-                raise ValueError(f"evidence check {cid!r} states no null_kind; one of {sorted(NULL_KINDS)}")
-            null_kind, flags = UNSTATED, ["null kind unstated"]
-        elif null_kind not in NULL_KINDS:
+        if null_kind not in NULL_KINDS:
             raise ValueError(f"evidence check {cid!r}: null_kind={null_kind!r}; one of {sorted(NULL_KINDS)}")
         measured = isinstance(null_value, bool) if op == "is" else _real(null_value)
         if not measured:
-            if null_kind != UNSTATED or self.strict:
-                raise ValueError(f"evidence check {cid!r}: its null's value {null_value!r} is not a finite measured "
-                                 + ("boolean" if op == "is" else "number"))
-            flags.append("null not a finite number")
-        elif (op != "is" and _real(value) and abs(value - 1) > 1e-9
-              and math.isclose(value * null_value, 1.0, rel_tol=1e-9)):
-            if null_kind != UNSTATED or self.strict:
-                raise ValueError(f"evidence check {cid!r}: its null is the reciprocal of the value; record an "
-                                 "ordering with both sides' own statistics (Claims.ordering)")
-            flags.append("null is the value's reciprocal")
-        flags += _basis_flags(cid, basis, basis_ref, se, se_multiple, paper, self.strict)
+            raise ValueError(f"evidence check {cid!r}: its null's value {null_value!r} is not a finite measured "
+                             + ("boolean" if op == "is" else "number"))
+        if (op != "is" and _real(value) and abs(value - 1) > 1e-9
+                and math.isclose(value * null_value, 1.0, rel_tol=1e-9)):
+            raise ValueError(f"evidence check {cid!r}: its null is the reciprocal of the value; record an "
+                             "ordering with both sides' own statistics (Claims.ordering)")
+        _check_basis(cid, basis, basis_ref, se, se_multiple, paper)
         out = dict(null_kind=null_kind, strength=NULL_KINDS.get(null_kind, "weak"), basis=basis,
                    basis_ref=basis_ref.strip(), se=_plain(se), se_multiple=_plain(se_multiple), paper=_plain(paper),
-                   own=bool(own) or ref.strip().lower() == "ours", flags=flags, kind="check",
+                   own=bool(own) or ref.strip().lower() == "ours", kind="check",
                    untrained_ok=str(untrained_ok or "").strip())
         if cid in self.findings:
             d = finding_declaration(cid, self.findings[cid], dated=False)
             out.update(kind="finding", note=d["why"], declared=d["declared"], commit=d["commit"])
-            if d["declared"] == "unknown" and self.strict:
+            if d["declared"] == "unknown":
                 raise ValueError(f"finding {cid!r} is not dated: declare it in the chapter's front matter")
-            flags += ["finding not dated"] if d["declared"] == "unknown" else []
         return out
 
     def check(self, cid: str, text: str, value, op: str, threshold, *, null: str, null_value, basis: str,
-              null_kind: str | None = None, basis_ref: str = "", se=None, se_multiple=None, ref: str = "",
+              null_kind: str, basis_ref: str = "", se=None, se_multiple=None, ref: str = "",
               paper=None, own: bool = False, untrained_ok: str = "") -> bool:
         """Record the evidence check ``value <op> threshold`` under id ``cid``; return whether it
         holds (the value passes and the null fails).
@@ -493,7 +466,6 @@ class Claims:
             "chapter": self.chapter,
             "enforced": self.enforce,
             "enforcement": "claims enforced" if self.enforce else "claims not enforced",
-            "strict": self.strict,
             "passed": self.n_passed,
             "failed": len(self.failed),
             "not_reproduced": sum(c.kind == "finding" and not c.holds for c in self.claims),

@@ -11,7 +11,7 @@ A chapter declares each claim once, in a ``claims:`` block of its front matter (
         quote: "an intriguing regime ... triggers a superposition phenomenon"
         where: "§5.4 (iii), App. A.3, Fig. 18"
         question: mechanism               # effect | mechanism | sanity | report | not_attempted
-        compare: ">"                       # <, <=, >, >=, in
+        compare: ">"                       # <, <=, >, >=, in; "is" (a sanity check: threshold true or false)
         threshold: rival                   # a number, [lo, hi], "rival" (A beats B), or "measured"
         basis: mc                          # theory | mc | paper | chosen
         se_multiple: 1                     # basis mc: the threshold is rival -/+ se_multiple x se
@@ -193,14 +193,16 @@ def parse_entry(cid: str, raw, problems: list) -> ClaimSpec | None:
         problems.append(f"{cid}: a claim not attempted says why")
     compare, threshold = raw.get("compare"), raw.get("threshold")
     if q in ("effect", "mechanism", "sanity"):
-        if compare not in COMPARES:
-            problems.append(f"{cid}: compare must be one of {COMPARES}, got {compare!r}")
-        ok = (_number(threshold) or threshold in ("rival", "measured")
-              or (compare == "in" and isinstance(threshold, list) and len(threshold) == 2
-                  and all(map(_number, threshold))))
+        if compare not in COMPARES and not (q == "sanity" and compare == "is"):
+            problems.append(f"{cid}: compare must be one of {COMPARES} ('is' for a sanity check of a true/false "
+                            f"statement), got {compare!r}")
+        ok = isinstance(threshold, bool) if compare == "is" else (
+            _number(threshold) or threshold in ("rival", "measured")
+            or (compare == "in" and isinstance(threshold, list) and len(threshold) == 2
+                and all(map(_number, threshold))))
         if not ok:
-            problems.append(f"{cid}: threshold must be a number, [lo, hi] with 'in', 'rival' or 'measured'; "
-                            f"got {threshold!r}")
+            problems.append(f"{cid}: threshold must be a number, [lo, hi] with 'in', 'rival' or 'measured' "
+                            f"(true or false with 'is'); got {threshold!r}")
         if threshold == "rival" and (q == "sanity" or compare not in ("<", ">")):
             problems.append(f"{cid}: threshold 'rival' (A beats B) needs compare '<' or '>' and a rival")
         if threshold == "measured" and not text("threshold_rule"):

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 from iclnb.bookkit import runner, sweep
@@ -194,13 +195,29 @@ def pass_rate(entry: dict) -> tuple[int, int]:
     return sum(x is True for x in h), len(h)
 
 
+def verdict_counts(entry: dict) -> list[tuple[str, int]]:
+    """A claim's verdicts over the seeds of a record, most frequent first, in short words ("holds",
+    "shared" for "holds, shared with <rival>", "not reproduced", ...); [] for a record written
+    before verdicts were kept."""
+    short = [re.sub(r"^holds, shared with .*", "shared", str(x).replace(" (not enforced)", ""))
+             if x is not None else "not recorded" for x in entry.get("status") or []]
+    return sorted(Counter(short).items(), key=lambda kv: -kv[1])
+
+
 def summary(record: dict) -> list[str]:
-    """The record in words: each check's pass rate, the evidence that holds at fewer than 4 of 5."""
-    lines = [f"  {cid:32s} {e['kind']:8s} holds at {k} of {n} seeds"
-             for cid, e in record["claims"].items() if e.get("kind") in ("check", "finding", "sanity")
-             for k, n in [pass_rate(e)]]
-    weak = [cid for cid, e in record["claims"].items() if e.get("kind") == "check" and not robust(*pass_rate(e))]
+    """The record in words: each claim's verdicts over the seeds (its pass rate where the record
+    keeps none), and the evidence checks with no verdict at 4 of 5 seeds or more."""
+    lines, weak = [], []
+    for cid, e in record["claims"].items():
+        if e.get("kind") not in ("check", "finding", "sanity"):
+            continue
+        k, n = pass_rate(e)
+        counts = verdict_counts(e)
+        words = "; ".join(f"{v} at {c}" for v, c in counts) if counts else f"holds at {k}"
+        lines.append(f"  {cid:32s} {e['kind']:8s} {words} of {n} seeds")
+        if e.get("kind") == "check" and not robust(counts[0][1] if counts else k, n):
+            weak.append(cid)
     if weak:
-        lines.append(f"  evidence checks holding at fewer than 80% of the seeds: {', '.join(weak)}")
+        lines.append(f"  evidence checks with no verdict at 80% of the seeds or more: {', '.join(weak)}")
     lines += [f"  seed {s} failed: {err}" for s, err in record.get("errors", {}).items()]
     return lines

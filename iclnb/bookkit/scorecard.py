@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 
-from iclnb.bookkit.claims import BASES, DECLARED, GROUP_OF, GROUPS, _fmt
+from iclnb.bookkit.claims import BASES, GROUP_OF, GROUPS, _fmt
 
 ROBUST = (4, 5)  # an evidence check holding at fewer than 4 of every 5 seeds is not evidence
 
@@ -31,8 +31,6 @@ def basis_words(r: dict) -> str:
     basis = r.get("basis") or ""
     if basis not in BASES:
         return ""
-    if "unsupported basis" in r.get("flags", ()):
-        return f"{BASES[basis]}, unsupported"
     if basis == "mc" and r.get("se") is not None:
         return f"Monte Carlo: {_fmt(r['se_multiple'])} × s.e. {_fmt(r['se'])}"
     if basis == "theory" and r.get("basis_ref"):
@@ -372,12 +370,11 @@ def _verdict_cell(r: dict) -> str:
     return r["status"]
 
 
-SUMMARY_HEADERS = ("chapter", "evidence: strong", "evidence: weak", "sanity", "findings declared before",
-                   "findings declared after a failing run", "findings not dated", "reported", "not attempted",
-                   "evidence holding at ≥ 4 of 5 seeds")
-CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "null kind", "threshold's basis", "at this run", "over seeds",
-                 "margins over seeds: value; rival", "paper scale (or larger run)", "ref", "paper's value", "ours",
-                 "null's value")
+VERDICTS = ("holds", "holds (effect only)", "holds, shared with a rival", "fails", "not reproduced")
+SUMMARY_HEADERS = ("chapter", *VERDICTS, "reported", "sanity", "not attempted", "evidence holding at ≥ 4 of 5 seeds")
+CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "question · rival", "threshold's basis", "at this run",
+                 "over seeds", "margins over seeds: value; rival", "paper scale (or larger run)", "ref",
+                 "paper's value", "ours", "rival's value")
 
 
 def _margin(value, threshold, op: str):
@@ -406,15 +403,34 @@ def margins_cell(r: dict, rec: dict | None) -> str:
     return f"{span(values)}; {rival}"
 
 
+def verdict_class(r: dict) -> str:
+    """Which of ``VERDICTS`` an evidence row (a check or a finding) reads: its verdict in words
+    (a claim of the spec), else what its pass and its null say."""
+    words = r.get("words") or ""
+    if not words:
+        words = ("not reproduced" if not r.get("holds") else "holds") if r.get("kind") == "finding" else \
+            ("holds" if r.get("holds") else "fails")
+    if words.startswith("holds, shared"):
+        return VERDICTS[2]
+    if words.startswith("holds (effect only)"):
+        return VERDICTS[1]
+    return next((v for v in (VERDICTS[0], VERDICTS[4]) if words.startswith(v)), VERDICTS[3])
+
+
+def question_tag(r: dict) -> str:
+    """The question a claim answers and its rival's kind, e.g. ``mechanism · trained``; a claim
+    recorded without a spec: its null's kind and strength."""
+    if r.get("question") in ("effect", "mechanism"):
+        return f"{r['question']} · {r.get('rival_kind') or '?'}"
+    return null_tag(r)
+
+
 def _counts(data: dict) -> list[int]:
     rows = data.get("claims", [])
-    checks = [r for r in rows if r.get("kind") == "check"]
-    found = [r.get("declared") if r.get("declared") in DECLARED else "unknown" for r in rows
-             if r.get("kind") == "finding"]
+    found = [verdict_class(r) for r in rows if r.get("kind") in ("check", "finding")]
     kinds = [r.get("kind") for r in rows]
-    return [sum(r.get("strength") == "strong" for r in checks), sum(r.get("strength") != "strong" for r in checks),
-            kinds.count("sanity"), found.count("before"), found.count("after"), found.count("unknown"),
-            kinds.count("report"), kinds.count("not_attempted")]
+    return [*(found.count(v) for v in VERDICTS), kinds.count("report"), kinds.count("sanity"),
+            kinds.count("not_attempted")]
 
 
 def _robust_count(data: dict, rec) -> tuple[int, int] | None:
@@ -436,7 +452,7 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
     when the module or the record is missing; "stale" when ``is_stale(record)``)."""
     records = _records([stem for _, stem, _ in chapters])
     papers = _records([stem for _, stem, _ in chapters], paper=True)
-    summary, total, robust_total, claim_rows, notes = [], [0] * 8, [0, 0], [], []
+    summary, total, robust_total, claim_rows, notes = [], [0] * 8, [0, 0], [], []  # 8: the count columns
     paper_notes = []
     for title, stem, data in chapters:
         rec, stale = records[stem]
@@ -465,7 +481,7 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             attempted = r["kind"] != "not_attempted"
             paper = r.get("paper")
             claim_rows.append([title, r["id"], r["text"], "the book's own" if is_own(r) else "the paper's",
-                               null_tag(r), basis_words(r), _verdict_cell(r),
+                               question_tag(r), basis_words(r), _verdict_cell(r),
                                _seeds_cell(r, rec, stale) if attempted else "",
                                margins_cell(r, rec) if attempted else "",
                                paper_scale_cell(r["id"], prec, pstale) if attempted else "",
@@ -478,14 +494,16 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
                     f"{robust_total[0]} of {robust_total[1]}" + (f" ({missing} chapter(s) without a record)"
                                                                  if missing else "")])
     return (["", "## Scorecard", "",
-             "Every chapter's claims. An evidence check holds only when its value passes and its null (the "
-             "simpler explanation it rules out, measured in the same run against the same threshold) fails; it "
-             "is **strong** when that null is a competitor (a model trained the same way without the mechanism, "
-             "or a named predictor, on the same prompts) or a chance level computed in the run, **weak** when it "
-             "is the same models before training (or its kind is unstated). A finding is a claim the chapter "
-             "measures and does not see reproduce, never enforced, dated by its declaration. The pass rate over "
-             "seeds comes from the chapter run at each seed at its defaults; an evidence check that holds at "
-             "fewer than 4 of 5 seeds is marked **not robust**.", "",
+             "Every chapter's claims, counted by verdict (the [Verdicts](verdicts.md) page lists them by paper). "
+             "Each claim answers one question. An **effect** question (is the structure there?) faces a chance "
+             "level, what the statistic reads without the effect, and at best **holds (effect only)**. A "
+             "**mechanism** question (is it the paper's mechanism rather than a simpler one?) faces the "
+             "strongest rival a referee would name, trained, tuned, ablated or computed on the same prompts: it "
+             "**holds** when the value passes and that rival fails, and **holds, shared with** the rival when "
+             "both pass (the pattern then belongs to the task, not to softmax). A finding is a claim the chapter "
+             "measures and does not see reproduce (**not reproduced**), never enforced, dated by its "
+             "declaration. The pass rate over seeds comes from the chapter run at each seed at its defaults; an "
+             "evidence check that holds at fewer than 4 of 5 seeds is marked **not robust**.", "",
              _md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
             + [_md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
             + ["", "### Paper scale", "",
