@@ -112,3 +112,48 @@ def test_noiseless_risks(setup):
     assert np.all(np.abs(r["sup"] - exact) <= 4 * s["sup"])
     assert err["sup"].shape == (3000, 2)
     assert sp.paired_se(err["sup"], err["sup"]) == 0.0
+
+
+def test_rivals_isotropic_and_paired_distances(setup):
+    from iclnb.chapters import ch06_rivals as rv
+
+    task, p, W, ref, ref_sh = setup
+    c = rv.isotropic_step(p)
+    assert 0.7 < c < 1.0  # near n / (n + d (1 + sigma2)) and the supports' eta
+    ref_iso = sp.preconditioned_dgd_predict(p.X, p.y, p.xq, np.full(6, c))
+    a, b, se = rv.paired_distances(ref_sh, ref_sh, ref_iso)
+    assert a == 0.0 and b > 0 and se > 0
+    a, b, _ = rv.paired_distances(ref_iso, ref_sh, ref_iso)
+    assert b == 0.0 and a > 0
+    assert rv.mean_se([1.0, 1.0, 1.0]) == (1.0, 0.0)
+    assert rv.mean_se([1.3]) == (1.0, 0.0) and rv.mean_se([]) == (1.0, 0.0)  # no error: the chance level
+
+
+def test_opposite_sign_and_the_no_opposite_arrangement(setup):
+    from iclnb.chapters import ch06_rivals as rv
+
+    task, p, W, ref, ref_sh = setup
+    reading = sp.RunReading(0.0, 1.0, 1.0, (0, 0, 1), (0, 2), "IV")
+    assert rv.opposite_sign_needed(reading, [[2.0, 2.0], [-2.0, 0.0], [3.0, -1.0]])  # head 2: +, - and needed
+    assert not rv.opposite_sign_needed(reading, [[2.0, 2.0], [-2.0, 0.5], [0.0, -2.0]])  # head 1 is, not needed
+    # the arrangement without a head of opposite signs reaches (A.1) at a large enough scale, read IV
+    tol = sp.midpoint_tolerances(ref, ref_sh)[0]
+    om, mu = rv.fit_no_opposite(p[:1000], W, 8.0, iters=30)
+    assert mu.shape == (3, 2) and not any(mu[h, 0] * mu[h, 1] < 0 for h in range(3))
+    r = sp.read_run(sp.head_kernels(p.X, p.y, p.xq, om), mu, ref, ref_sh, tol, tol)
+    assert r.mode == "IV" and r.dist_sup < tol and not rv.opposite_sign_needed(r, mu)
+
+
+def test_off_pattern_and_scale():
+    from iclnb.chapters import ch06_rivals as rv
+
+    kq = np.zeros((2, 8, 8))
+    kq[:, range(6), range(6)] = 1.0
+    ov = np.zeros((2, 8, 2))
+    ov[:, 6:, :] = 1.0
+    assert rv.off_pattern(kq, ov, 6, 2) == (0.0, 0.0)
+    kq[1, 0, 1] = 6.0  # 36 of 48 off the diagonals, both heads together
+    ov[0, 0, 0] = 2.0  # 4 of 12 outside the label rows
+    k_off, v_off = rv.off_pattern(kq, ov, 6, 2)
+    assert k_off == pytest.approx(36 / 48) and v_off == pytest.approx(4 / 12)
+    assert rv.omega_scale([[0.1, -0.3]]) == pytest.approx(0.2)
