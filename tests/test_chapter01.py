@@ -9,9 +9,12 @@ from iclnb.bookkit.runner import find_chapter
 # asked against trained linear self-attention (a rival that could pass) or, for the book's own
 # recipe, the same initialisations trained at the old settings
 MECHANISM = ("icl-escaped-min", "icl-beats-uniform", "icl-step-size")
+# the paper's claim that the layer is GD, as an ordering against a tuned ridge on the same labels
+ORDERING = ("icl-gd-not-ridge",)
 # readings whose rival cannot pass (the exact solution, a closed form of the setup; the distance to the
 # targets, held up by GD's error floor): reported, with the rival beside them, no verdict
-REPORTED = ("icl-pred-diff", "icl-closer-to-gd", "icl-n25-pred-diff", "icl-n25-closer-to-gd", "icl-converged")
+REPORTED = ("icl-pred-diff", "icl-closer-to-gd", "icl-n25-pred-diff", "icl-n25-closer-to-gd", "icl-converged",
+            "icl-n25-gd-not-ridge")
 SANITY = ("grad-autograd", "adv-tight-gap", "ds-tight-gap", "identity-error", "icl-tasks")
 # sanity checks of a true/false statement (compare "is")
 BOOLEAN_SANITY = ("printed-update-ascends", "descent-descends", "ws-small-steps", "ws-m-holds",
@@ -21,7 +24,9 @@ BOOLEAN_SANITY = ("printed-update-ascends", "descent-descends", "ws-small-steps"
 
 def test_chapter01_spec():
     spec = load_spec(find_chapter(1).path)
-    assert {c for c, s in spec.items() if s.question == "mechanism"} == set(MECHANISM)
+    assert {c for c, s in spec.items() if s.question == "mechanism"} == set(MECHANISM + ORDERING)
+    ridge = spec["icl-gd-not-ridge"]
+    assert ridge.whose == "paper" and ridge.ordering and ridge.rival_kind == "tuned" and not ridge.amended
     assert all(spec[c].rival_kind == "trained" and spec[c].whose == "book" for c in MECHANISM)
     assert not any(s.question == "effect" for s in spec.values())
     assert all(spec[c].question == "report" for c in REPORTED)
@@ -29,7 +34,8 @@ def test_chapter01_spec():
     assert all(spec[c].compare == "is" and spec[c].threshold is True for c in BOOLEAN_SANITY)
     assert not any(s.finding or s.finding_paper for s in spec.values())
     # the rule loosened after the default run, dated; the finding's declaration kept in its amendment
-    assert [a.commit for a in spec["icl-escaped-min"].amended] == ["3905c79"]
+    assert [a.commit for a in spec["icl-escaped-min"].amended] == ["bf76467", "3905c79"]
+    assert "one change" in spec["icl-escaped-min"].rival
     assert all(a.when == "after" for s in spec.values() for a in s.amended)
     converged = spec["icl-converged"].amended
     assert converged[0].commit == "f25eb7f" and "declared: after, commit d5726bc" in converged[-1].was
@@ -64,7 +70,8 @@ def test_chapter01_smoke(smoke_run):
         c = claims[cid]
         assert c["question"] == "mechanism" and c["rival_kind"] == "trained" and c["own"] is True, cid
         assert c["null_kind"] == "competitor" and isinstance(c["null_value"], float), cid
-    assert {c["id"] for c in data["claims"] if c["group"] == "evidence"} == set(MECHANISM)
+    assert {c["id"] for c in data["claims"] if c["group"] == "evidence"} == set(MECHANISM + ORDERING)
+    assert claims["icl-gd-not-ridge"]["form"] == "ordering" and claims["icl-gd-not-ridge"]["own"] is False
     assert claims["icl-escaped-min"]["basis"] == "chosen"
     for cid in REPORTED + ("adv-fixed-gap", "ds-sa-gap", "icl-cosine", "icl-raw-vs-centred", "ws-m-slack"):
         assert claims[cid]["kind"] == "report" and claims[cid]["words"] == "reported", cid

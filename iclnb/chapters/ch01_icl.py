@@ -35,16 +35,25 @@ HOW = {
     "adv-tight-gap": "A sanity check of the search, not evidence: one restart starts at the two-row construction, "
                      "whose gap 1/(2p) is our own closed form, so the search can only match or beat it. How far a "
                      "typical instance stays below R/2 is adv-fixed-gap, reported.",
-    "icl-escaped-min": "The book's own claim about its training recipe, not the paper's. The rival is the first "
-                       "set's initialisations trained at the old settings (8 trials against 24). The turn-5 referee "
-                       "found a stronger rival in the plateau study itself: the new initial scale at the old "
-                       "learning rate alone (its count is in the statistic's note) passes at 1 of 5 seeds. The rule "
-                       "was loosened after the default run (see the amendment).",
+    "icl-escaped-min": "The book's own claim about its training recipe, a methods check outside the paper's "
+                       "evidence. The rival is the better of the two single changes of the plateau study (the new "
+                       "initial scale at the old learning rate, or the new rate at the old scale), on the first "
+                       "set's 8 initialisations against the value's 24; it was the old settings (both changes "
+                       "undone) until the turn-5 referee named it. The rule itself was loosened after the default "
+                       "run, from at least 7 of 8 in every set to the pooled bound above 1/2 (see the amendment).",
+    "icl-gd-not-ridge": "The rival is the strongest predictor with no GD in it that the turn-5 referee named: a "
+                        "ridge regression of the layer's own labels u = n b - 1 on the rows, tuned on the same tasks "
+                        "as GD's step. Both distances are in units of RMS(y_GD), measured on the same held-out "
+                        "queries; the margin 0.05 is chosen. A layer that had learned ridge (or the exact solution) "
+                        "would be nearer it than GD and fail. This replaces the paired comparison with the targets "
+                        "(icl-closer-to-gd, reported) as the evidence that the layer is GD. It is not a check of "
+                        "closeness on its own: a layer that predicts 0 passes it too (see untrained_ok).",
     "icl-pred-diff": "Reported, no verdict. The threshold 0.3 is the book's (the paper publishes no number). Its "
                      "rival, the exact solution, is a closed form of the setup: its distance to GD is fixed by n "
                      "and d, whatever the layer learned, so the claim cannot be asked as a mechanism question. The "
-                     "turn-5 referee found the check sound, with a tuned ridge on the centred labels (not run here) "
-                     "at 0.31, just outside the threshold. Trained linear self-attention is a GD step by "
+                     "turn-5 referee found the check sound, with a tuned ridge on the centred labels at 0.31, just "
+                     "outside the threshold (run here: icl-gd-not-ridge, the ordering that checks it). Trained "
+                     "linear self-attention is a GD step by "
                      "construction: a positive control, not a rival.",
     "icl-closer-to-gd": "Reported, no verdict: the ratio is the prediction difference rescaled (about twice it), "
                         "and its rival, the exact solution shrunk until its error is the layer's, is a closed form "
@@ -188,6 +197,44 @@ class Uniform(Predictor):
 
     def weights(self, A, b):
         return torch.zeros(*A.shape[:-2], A.shape[-1], dtype=A.dtype, device=A.device)
+
+
+class RidgeOnLabels(Predictor):
+    """A tuned ridge regression of the centred labels ``u = n b - 1`` (the layer's own encoding) on
+    the rows: ``x_hat = scale (A^T A + lam I)^-1 A^T u``. A good predictor with no GD in it (one GD
+    step from 0 is ``A^T u`` scaled): the rival of the layer-is-GD ordering (:func:`fit_ridge`)."""
+
+    def __init__(self, lam: float, scale: float = 1.0):
+        self.lam, self.scale = float(lam), float(scale)
+
+    def weights(self, A, b):
+        u = A.shape[-2] * b - 1.0
+        G = A.transpose(-1, -2) @ A + self.lam * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        return self.scale * torch.linalg.solve(G, (A.transpose(-1, -2) @ u.unsqueeze(-1))).squeeze(-1)
+
+
+def fit_ridge(task: SoftmaxRegression, fit_tasks: int = 2000, queries: int = 8, seed: int = 0, device="cpu",
+              lams=None) -> RidgeOnLabels:
+    """:class:`RidgeOnLabels` tuned as GD's step is (:func:`icl_tasks`): on the same ``fit_tasks``
+    tasks (stream ``"icl_fit"``), the ridge ``lam`` of a log grid with the least squared error, its
+    ``scale`` the least-squares one (the prediction is linear in it)."""
+    t = task.draw(fit_tasks, queries, make_generator(seed, "icl_fit"), resolve_device(device))
+    best = None
+    for lam in (torch.logspace(-1, 4, 26).tolist() if lams is None else lams):
+        g = RidgeOnLabels(lam).predict(t["A"], t["b"], t["Aq"])
+        s = float((g * t["yq"]).sum() / (g * g).sum())
+        mse = float(((s * g - t["yq"]) ** 2).mean())
+        if best is None or mse < best[0]:
+            best = (mse, lam, s)
+    return RidgeOnLabels(best[1], best[2])
+
+
+def distance_to(tasks: dict, a, b, chunk: int = 250) -> float:
+    """RMS(y_a - y_b) / RMS(y_GD) on the held-out ``tasks``: how far predictor ``a`` is from ``b``,
+    in the units of :func:`von_oswald_metrics`'s relative prediction difference."""
+    y_gd = gd_predict(tasks["A"], tasks["b"], tasks["Aq"], tasks["eta"])[0].double()
+    diff = _predictions(a, tasks, chunk) - _predictions(b, tasks, chunk)
+    return float(diff.square().mean().sqrt() / y_gd.square().mean().sqrt())
 
 
 def gd_one_step_from_zero(A: torch.Tensor, b: torch.Tensor, eta: float = 1.0) -> torch.Tensor:

@@ -29,18 +29,50 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from iclnb.analysis.predictors import mc_risk
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
 from iclnb.engine.util import (
     _average_ranks,
     check,
     check_int,
+    check_ints,
     check_real,
     check_reals,
     generator,
     power_law_fit,
     rank_correlation,
 )
+
+PARAMETERS = ("d", "n", "sigma", "L_grid", "steps", "linear_steps", "batch", "lr", "log_every", "cross_L", "sweep_n",
+              "sweep_L", "sweep_sigma", "test_lengths", "rho", "aniso_L", "eval_prompts", "curve_prompts")
+
+
+def check_parameters(**p) -> tuple:
+    """The chapter's parameters (:data:`PARAMETERS`), checked; returns the lists it uses, sorted
+    where order matters: (L_grid, sweep_n, sweep_L, sweep_sigma, test_lengths, aniso_L, cross_L)."""
+    for name, least in (("d", 2), ("n", 2), ("steps", 1), ("batch", 1), ("linear_steps", 1), ("log_every", 1),
+                        ("eval_prompts", 2), ("curve_prompts", 2)):
+        check_int(name, p[name], least)
+    check_real("sigma", p["sigma"], strict=True)
+    check_real("lr", p["lr"], strict=True)
+    check("rho", p["rho"], -1 < p["rho"] < 1 and p["rho"] != 0, "a correlation in (-1, 1), not 0")
+    L_grid = sorted(check_reals("L_grid", p["L_grid"], strict=True))
+    check("L_grid", L_grid, len(L_grid) >= 4 and 1.0 in L_grid, "at least 4 values including 1")
+    sweep_n = sorted(check_ints("sweep_n", p["sweep_n"], 2))
+    check("sweep_n", sweep_n, len(sweep_n) >= 2, "at least 2 context lengths")
+    sweep_L = sorted(check_reals("sweep_L", p["sweep_L"], strict=True))
+    check("sweep_L", sweep_L, 1.0 in sweep_L and len(sweep_L) >= 2, "at least 2 values including 1")
+    sweep_sigma = sorted(check_reals("sweep_sigma", p["sweep_sigma"], strict=True))
+    check("sweep_sigma", sweep_sigma, p["sigma"] in sweep_sigma and len(sweep_sigma) >= 2,
+          f"at least 2 values including sigma={p['sigma']}")
+    lengths = sorted(check_ints("test_lengths", p["test_lengths"], 2))
+    check("test_lengths", lengths, p["n"] in lengths and max(lengths) > p["n"],
+          f"lengths including n={p['n']} and a longer one")
+    aniso_L = check_reals("aniso_L", p["aniso_L"], strict=True)
+    cross_L = check_reals("cross_L", p["cross_L"], strict=True)
+    check("cross_L", cross_L, len(cross_L) >= 1 and 1.0 not in cross_L, "values other than 1")
+    return L_grid, sweep_n, sweep_L, sweep_sigma, lengths, aniso_L, cross_L
 
 
 def kernel_weights(X: torch.Tensor, xq: torch.Tensor, M) -> torch.Tensor:
@@ -167,6 +199,23 @@ def fit_linear_attention(tasks, intercept: bool = True, num_prompts: int = 20_00
     return LinearAttentionFit(torch.stack(Ms).to(device), torch.stack(cs).to(device))
 
 
+def sweep_risks(sweep: dict, m_ref: int, k_ref: int, num_prompts: int, seed: int = 0, device="cpu") -> dict:
+    """Theorem 3's rates over the scaling sweep (``sweep``: context length -> trained run of the
+    sweep's points): per length, the risk of each trained unit on its own task, and on the same
+    prompts (stream "sweep") two windows that do not adapt: the units trained at ``m_ref`` used
+    at every length ("n_fixed"), and the unit ``k_ref`` of that length used at every point
+    ("sigma_fixed")."""
+    M_ref = sweep[m_ref].model.matrix().detach().cpu()
+    out = {}
+    for m, r in sweep.items():
+        M_m = r.model.matrix().detach().cpu()
+        units = {"trained": r.model, "n_fixed": kernel_unit(M_ref, device=device),
+                 "sigma_fixed": kernel_unit(M_m[[k_ref] * M_m.shape[0]], device=device)}
+        out[m] = mc_risk(units, r.config.tasks, num_prompts=num_prompts, seed=seed, stream="sweep", device=device,
+                         chunk=2048)
+    return out
+
+
 def loglog_slope(x, r) -> float:
     """The least-squares slope of log r against log x."""
     return np.polyfit(np.log(x), np.log(r), 1)[0]
@@ -233,6 +282,17 @@ def rank_chance(xs, ys, agg: str = "min", alpha: float = 0.05, num: int = 20_000
     return RankChance(float(value), float(level), p, float(alpha))
 
 
+def growth_reading(Ms, steps, frac: float = 0.5) -> tuple[int, np.ndarray]:
+    """|M|_F of a set of units in its growth phase: ``Ms[k][t]``, unit k's logged matrices (the
+    units ordered by L, the largest last) at ``steps[t]``. The set is read at its first logged
+    step at which its largest-L unit has reached ``frac`` of its final norm (that unit then has
+    the rest of its growth ahead). Returns (that step, every unit's norm there)."""
+    norms = np.array([[np.linalg.norm(m) for m in M] for M in Ms])
+    top = norms[-1] / norms[-1][-1]
+    t = int(np.argmax(top >= frac))
+    return int(steps[t]), norms[:, t]
+
+
 def relative_risk(risk, se, reference) -> tuple[float, float]:
     """The mean over units of risk_k / reference_k and its standard error (units with their own,
     independent prompts): how far a set of predictors is from each unit's best risk."""
@@ -252,21 +312,32 @@ def window_exponent(s, w, floor: float = 1e-6) -> dict:
 
 # How each verdict box's check was set, beyond its claim spec: what the rival can and cannot tell
 # (the turn-5 referee's findings on chapter 4), for the collapsed block of ``Claims.box(cid, how=...)``.
-_ORDER = ("an effect: its rival is chance, a permutation level, not a competing mechanism; a window that "
-          "adapts by any means (the turn-5 referee: trained linear attention's tr(M)/d is ordered by L on two "
-          "of the three classes) would pass it too")
+_ORDER = ("an effect: its rival is chance, a permutation level (a perfect order of 6 windows arises by chance with "
+          "probability 1/720), not a competing mechanism. Any attention that shrinks its kernel with the signal "
+          "passes it too: trained linear attention's tr(M)/d is ordered by L as well (its rank correlation is in "
+          "the box's detail)")
 HOW = {
     "w-rank": _ORDER,
-    "norm-growth": _ORDER + "; the snapshot halfway through training is near each norm's final value, so it "
-                   "reads the final order more than the speed of growth",
-    "w-sigma": _ORDER + "; for the ReLU class the sweep's sigma points have the same L / sigma as its L points, "
-               "so this largely restates w-rank-relu",
+    "norm-growth": "an effect against chance. Each set is read at its first logged step at which its largest-L "
+                   "unit has reached half its final norm; that rule replaced the snapshot halfway through training "
+                   "(step 750), where every norm was already at 0.89-1.08 of its final value (the turn-5 referee), "
+                   "and it was chosen after looking at the seed-0 norms: at step 100 the ReLU units at L = 2 and 4 "
+                   "are level. Adam moves every unit at about the same rate early on, so 'grows faster' is, here, "
+                   "'keeps growing for longer': the units at small L stop first",
     "exponent-matches-optimum": "the standard error is that of a least-squares fit over the sweep's correlated "
                                 "points, not a Monte Carlo error; the rival follows L and sigma but not n",
-    "gen-class": "the rival, units of the same class at L/4 and 4L, is a wide mismatch: the turn-5 referee found "
-                 "units at L/2 and 2L mostly within the threshold, so this does not tell 'the class matters "
-                 "little' from 'L off by two matters little'",
+    "gen-class": "the rival is the same class with L off by a factor 2 (it was a factor 4 until the turn-5 referee "
+                 "found the factor-4 mismatch fails comfortably while the factor-2 units sit near the threshold); "
+                 "the threshold 1.25 is chosen and unchanged since the first version. Where the factor-2 units pass "
+                 "too, the verdict is shared: the class then matters no more than L off by two",
+    "linear-no-intercept": "the paper's comparison, plain linear attention trained the same way. Its rival is a "
+                           "window that does not adapt, the best fixed window of each class: where it beats linear "
+                           "attention too, what beats linear attention is a local average, not the adaptation",
     "softmax-beats-linear": "the book's own comparison, stronger than the paper's: linear attention given an "
-                            "intercept, at its least-squares optimum (not trained); plain linear attention, the "
-                            "paper's, is reported as linear-no-intercept",
+                            "intercept, at its least-squares optimum (not trained); recast from plain linear "
+                            "attention (which passed) and declared a finding after the run that first measured it",
+    "sigma-inverse": "the rival is linear attention trained the same way on the same correlated prompts: the change "
+                     "of variables x = Sigma^(1/2) u makes Sigma^-1 the natural shape for any kernel of x_i^T M x_q, "
+                     "so a shared verdict is what the lemma predicts. The threshold 0.15 is chosen (first version); "
+                     "the rival was a closed form (the best multiple of I), then the claim a report, before this",
 }
