@@ -103,3 +103,13 @@ def test_claim_ids_left_out_and_a_margin_from_the_run(tmp_path, monkeypatch):
     assert claims.measure("a-beats-b", 0.2, rival=0.5, margin=0.25) is True  # a margin computed in the run
     c = claims["a-beats-b"]
     assert c.form == "ordering" and c.margin == 0.25 and c.threshold == 0.25 and c.words == "holds"
+
+
+def test_closer_debiased_tells_the_two_gds_apart():
+    _, p = _prompts(B=6000)
+    near = ch7.closer_debiased(lambda X, y, xq: torch.stack([
+        0.8 * P.debiased_gd_predict(X, y, xq, 1.0), 0.8 * P.gd_predict(X, y, xq, 1.0)]), p)
+    # each GD at its own best-matching step: exact for its own predictions, not for the other's
+    assert near.dgd[0] < 1e-20 and near.gd[1] < 1e-20
+    np.testing.assert_allclose([near.step_dgd[0], near.step_gd[1]], [0.8, 0.8], rtol=1e-9)
+    assert near.gd[0] > 0 and near.dgd[1] > 0 and near.z[0] > 3 and near.z[1] < -3 and (near.se > 0).all()

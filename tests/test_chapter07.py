@@ -9,28 +9,37 @@ from iclnb.chapters import ch07_beyond_softmax as ch7
 
 RHOS = ("0.5", "0.8")
 # against a rival that could pass: trained linear attention, or a tuned predictor or target
-TRAINED = ("sign-match-every-phi", "kq-diagonal-every-phi", "ov-last-every-phi", "sign-match-rho")
-TUNED = ("step-every-phi", *(f"{c}-rho{r}" for c in ("kq-optimal-preconditioner", "risk-vs-sinv") for r in RHOS))
-# demoted checks whose rival cannot pass (linear attention has no y_bar to cancel; a fixed unit
-# step; a fixed-normaliser closed form), as the turn-5 referee found them
-REPORTED = ("zero-sum-every-phi", "zero-sum-rho", "risk-every-phi", "length-every-phi")
+TRAINED = ("sign-match-every-phi", "kq-diagonal-every-phi", "ov-last-every-phi", "sign-match-rho", "ov-last-rho")
+TUNED = ("step-every-phi", "closer-debiased-every-phi", "length-curve-every-phi",
+         *(f"{c}-rho{r}" for c in ("kq-optimal-preconditioner", "risk-vs-sinv") for r in RHOS))
+# effects against a chance level: linear attention has no y_bar to cancel and no normaliser; the
+# heads at initialisation; the isotropic model's diagonal heads (the turn-5 referee)
+EFFECT = ("zero-sum-every-phi", "zero-sum-rho", "length-every-phi", "kq-diagonal-rho",
+          *(f"heads-to-gamma-rho{r}" for r in RHOS))
+REPORTED = ("risk-every-phi",)  # a chosen band that vanilla GD meets too
+# findings declared after the referee read the numbers; at the paper scale, before its run
+FINDINGS = ("step-every-phi", "length-curve-every-phi", "heads-to-gamma-rho0.8")
 
 
 def test_chapter07_spec():
     spec = load_spec(find_chapter(7).path)
     assert {c for c, s in spec.items() if s.question == "mechanism"} == set(TRAINED) | set(TUNED)
-    assert not any(s.question == "effect" for s in spec.values())
+    assert {c for c, s in spec.items() if s.question == "effect"} == set(EFFECT)
+    assert all(spec[c].rival_kind == "chance" for c in EFFECT)
     assert all(spec[c].rival_kind == "trained" and "linear attention" in spec[c].rival for c in TRAINED)
     assert all(spec[c].rival_kind == "tuned" for c in TUNED)
-    for cid in REPORTED:  # demoted after a run that tested them, the earlier rule kept
-        assert spec[cid].question == "report" and spec[cid].amended[-1].when == "after", cid
+    for cid in REPORTED + ("zero-sum-every-phi", "zero-sum-rho", "length-every-phi"):
+        assert spec[cid].amended[-1].when == "after", cid  # changed after a run, the earlier rule kept
+    assert all(spec[c].question == "report" for c in REPORTED)
+    assert {c for c, s in spec.items() if s.finding} == set(FINDINGS)
+    assert all(spec[c].finding.when == "after" and spec[c].finding_paper.when == "before" for c in FINDINGS)
     step = spec["step-every-phi"]
-    assert step.finding.when == "after" and step.finding_paper.when == "before"
     assert step.threshold == "measured" and step.amended[0].commit == "3905c79"
     assert spec["kq-optimal-preconditioner-rho0.5"].ordering and spec["risk-vs-sinv-rho0.8"].basis == "mc"
+    assert spec["closer-debiased-every-phi"].ordering and spec["closer-debiased-every-phi"].se_multiple == 3
     assert spec["step-fit-residual"].whose == "book" and spec["risk-every-phi"].whose == "paper"
     assert spec["dynamics-every-phi"].question == "not_attempted"
-    assert set(ch7.HOW) <= set(spec) | {"kq-optimal-preconditioner", "risk-vs-sinv"}
+    assert set(ch7.HOW) <= set(spec) | {"kq-optimal-preconditioner", "risk-vs-sinv", "heads-to-gamma"}
 
 
 def test_chapter07_smoke(smoke_run):
@@ -55,7 +64,11 @@ def test_chapter07_smoke(smoke_run):
     assert by_id["step-every-phi"]["kind"] == "finding" and by_id["step-every-phi"]["declared"] == "after"
     assert by_id["step-every-phi"]["rival_kind"] == "tuned"
     assert all(by_id[c]["kind"] == "report" and by_id[c]["question"] == "report" for c in REPORTED)
+    for cid in EFFECT:  # a chance level: never more than "holds (effect only)"
+        assert by_id[cid]["question"] == "effect" and by_id[cid]["null_kind"] == "chance", cid
+        assert by_id[cid]["null_value"] is not None, cid
     assert all("linear attention" in by_id[c]["text"] for c in ("zero-sum-every-phi", "zero-sum-rho"))
+    assert by_id["closer-debiased-every-phi"]["form"] == "ordering" and by_id["closer-debiased-every-phi"]["se"] > 0
     for rho in RHOS:  # A beats B, both sides' own statistics, the margin computed in the run
         k, rk = by_id[f"kq-optimal-preconditioner-rho{rho}"], by_id[f"risk-vs-sinv-rho{rho}"]
         assert k["form"] == "ordering" and k["margin"] > 0 and k["basis"] == "theory"

@@ -269,3 +269,23 @@ def test_a_zero_direction_normal_gives_a_unit_direction(rank):
         W = t.subspace.T.to(torch.float32)
         keep = [0, 1, 3, 4, 5]
         torch.testing.assert_close(w[0, keep], (a * W[0])[keep], rtol=0, atol=0)
+
+
+def test_cross_ratio_reads_the_off_diagonal_blocks():
+    U = _B(6, 2, 1)
+    P = np.eye(6) - U @ U.T
+    assert lr.cross_ratio(3.0 * U @ U.T, U) < 1e-12 and lr.cross_ratio(2.0 * np.eye(6), U) < 1e-12
+    v = P[:, 0] / np.linalg.norm(P[:, 0])
+    M = U @ U.T + 0.5 * np.outer(U[:, 0], v)  # a cross block of norm 0.5 against the block's sqrt(2)
+    assert lr.cross_ratio(M, U) == pytest.approx(0.5 / math.sqrt(2), rel=1e-9)
+    assert lr.subspace_ratio(M, U) < 1e-12  # which rho does not read
+
+
+def test_train_from_window_starts_at_the_window_and_logs():
+    tasks = [LipschitzRegression(d=5, n=8, function="linear", sigma=0.0, rank=k, subspace_seed=3) for k in (1, 2)]
+    out = lr.train_from_window(tasks, 4.0 * np.eye(5), steps=6, batch=16, lr=0.05, log_every=3)
+    assert list(out["steps"]) == [0, 3, 6] and out["M"].shape == (3, 2, 5, 5)
+    np.testing.assert_allclose(out["M"][0], np.broadcast_to(4.0 * np.eye(5), (2, 5, 5)), atol=1e-5)
+    assert not np.allclose(out["M"][-1], out["M"][0])  # trained
+    with pytest.raises(ValueError):
+        lr.train_from_window(tasks, -np.eye(5), steps=1, batch=4, lr=0.1)

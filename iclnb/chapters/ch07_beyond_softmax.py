@@ -9,7 +9,8 @@ predictor (:func:`preconditioned_gd_predict`), its Monte Carlo least-squares fit
 (:func:`fit_matrix_preconditioner`), the best multiple of any preconditioner
 (:func:`preconditioned_gd_best_multiple`; of the identity: :func:`preconditioned_gd_best_step`)
 and the n-sweep of Gamma* towards Sigma^-1 (:func:`gamma_to_sinv_sweep`); the effective step
-read from what a model predicts (:func:`fit_effective_step`), the fixed-normaliser rival of
+read from what a model predicts (:func:`fit_effective_step`), which GD a model predicts nearer,
+each at its best-matching step (:func:`closer_debiased`, chapter 2's ordering), the fixed-normaliser case of
 length generalisation (:func:`fixed_normaliser_dgd`, :func:`length_gaps`), the tridiagonal
 share of appendix A.2 (:func:`off_tridiagonal_share`), the shifted ReLU's cut-off share
 (:func:`score_share_below`) and the four circuit patterns read the same way from the trained
@@ -168,6 +169,43 @@ def fit_effective_step(predict, prompts, Gamma=None) -> StepFit:
     return StepFit(*(t.cpu().numpy() for t in (coef[1], coef[0], se, resid)))
 
 
+@dataclass
+class Closer:
+    """Which GD a model's prediction f is nearer (chapter 2's ``closer-debiased``, per model): the
+    relative MSE E(f - s g)^2 / E f^2 to debiased GD (``dgd``) and to vanilla GD (``gd``), each at
+    the step s that best matches f on the same prompts (``step_dgd``, ``step_gd``), and ``se``, the
+    standard error of the paired per-prompt difference; all (K,)."""
+
+    dgd: np.ndarray
+    gd: np.ndarray
+    se: np.ndarray
+    step_dgd: np.ndarray
+    step_gd: np.ndarray
+
+    @property
+    def z(self) -> np.ndarray:
+        """(gd - dgd) / se: how many paired s.e. the model is nearer debiased than vanilla GD."""
+        return (self.gd - self.dgd) / self.se
+
+
+def closer_debiased(predict, prompts) -> Closer:
+    """:class:`Closer` of the predictions of ``predict(X, y, xq)`` ((B,) or (K, B)) on ``prompts``:
+    each GD at its own least-squares step, so neither side loses by a step it was not given."""
+    X, y, xq = (t.double() for t in (prompts.X, prompts.y, prompts.xq))
+    with torch.no_grad():
+        f = torch.atleast_2d(predict(prompts.X, prompts.y, prompts.xq)).double()  # (K, B)
+    den = (f**2).mean(-1, keepdim=True)
+    err, step = {}, {}
+    for key, debiased in (("dgd", True), ("gd", False)):
+        g = preconditioned_gd_predict(X, y, xq, np.eye(X.shape[-1]), debiased)
+        s = (f * g).mean(-1, keepdim=True) / (g * g).mean()
+        err[key], step[key] = (f - s * g) ** 2 / den, s[:, 0]
+    diff = err["dgd"] - err["gd"]
+    se = diff.std(-1) / np.sqrt(diff.shape[-1])
+    return Closer(*(t.cpu().numpy() for t in (err["dgd"].mean(-1), err["gd"].mean(-1), se, step["dgd"],
+                                              step["gd"])))
+
+
 def fixed_normaliser_dgd(eta: float, n_train: int):
     """Debiased GD whose normaliser is fixed at the training length (a linear-attention layer's
     weights carry 1/n): (eta / n_train) sum_{i<=m} y_i (x_i - x_bar)^T x_q at any length m, that is
@@ -283,20 +321,30 @@ _LIN = ("trained two-head linear attention, one model per activation (or per rho
         "for linear_steps steps on the same prompts, read by the same circuit summary")
 HOW = {  # the methodology of the chapter's verdict boxes (collapsed under each box)
     "step-every-phi": "the fitted step is the coefficient of the prediction on the unit-step debiased GD prediction "
-                      "g; vanilla GD at its own optimal step, fitted the same way, lands on eta* too (its extra "
-                      "term projects onto g), so the fit cannot tell debiased from vanilla GD; the threshold is "
-                      "half the gap between the two optimal steps, from their closed forms",
-    "risk-every-phi": "reported, no verdict: its rival, debiased GD at a fixed unit step, is neither trained nor "
-                      "tuned, and vanilla GD at its own optimal step, the stronger rival, is within the 5% band "
-                      "too (turn-5 referee); the ordering that could tell them apart is not run here",
-    "length-every-phi": "reported, no verdict: the rival, debiased GD at eta* with the normaliser fixed at 1/n "
-                        "(linear attention's weights), is a closed form that cannot pass (at m = 4n it is debiased "
-                        "GD at step 4 eta*); the trained linear-attention models are not run at other lengths here",
+                      "g; it equals eta* + E[(f - y_q) g] / E[g^2], so it lands on eta* for any predictor at a "
+                      "stationary point of the squared error (ridge and vanilla GD at its optimal step too): it "
+                      "cannot tell debiased from vanilla GD. The threshold is half the gap between the two optimal "
+                      "steps, from their closed forms; a finding, declared after its first run failed",
+    "closer-debiased-every-phi": "chapter 2's ordering, per activation: each GD's prediction is scaled by the step "
+                                 "that best matches the model on the same prompts (a least-squares step), so "
+                                 "neither side loses by its step; the margin is 3 standard errors of the paired "
+                                 "per-prompt difference, and the box shows the activation with the smallest z",
+    "risk-every-phi": "reported, no verdict: the 5% band is chosen, and vanilla GD at its own optimal step sits "
+                      "inside it too (its value is in the statistic), so the band cannot tell debiased from "
+                      "vanilla GD; closer-debiased-every-phi is the check that can",
+    "length-every-phi": "an effect question: the chance level is the same ratio over the trained linear-attention "
+                        "models, whose 1/n is fixed at the training length, a layer without the normaliser (it "
+                        "cannot generalise in length by construction, so it is no rival); the threshold is the "
+                        "midpoint between no gain and debiased GD's gain, from its closed form",
+    "length-curve-every-phi": "the 5% band of risk-every-phi, applied at every other test length; the rival is "
+                              "vanilla GD at its optimal step for the training length. A finding, declared after "
+                              "the turn-5 referee read the curves (prose only until then)",
     "sign-match-every-phi": "the rival is " + _LIN + "; a head of linear attention whose contribution omega_h mu_h "
                             "is negative only hurts the fit, so it matches its signs too: the pattern is the task's",
-    "zero-sum-every-phi": "reported, no verdict: the rival, " + _LIN + ", has no y_bar term to cancel, so nothing "
-                          "makes its OV weights sum to zero, and the statistic is a maximum over its models: it "
-                          "cannot pass (turn-5 referee); no chance level is measured",
+    "zero-sum-every-phi": "an effect question per model: the chance level is the fraction of the linear-attention "
+                          "models (" + _LIN + ") whose OV weights cancel within 5%: they have no y_bar term, so "
+                          "nothing pushes them to cancel. Until this revision it was reported (the maximum over "
+                          "those models, 1.000, could not pass)",
     "kq-diagonal-every-phi": "the rival is " + _LIN + "; its prediction depends only on the sum of mu_h KQ_h, so "
                              "its heads need not be diagonal one by one (the summed matrix is diagonal for "
                              "isotropic data in both models: only the per-head pattern is the activation's)",
@@ -306,14 +354,21 @@ HOW = {  # the methodology of the chapter's verdict boxes (collapsed under each 
     "kq-optimal-preconditioner": "the rival is Sigma^-1, the paper's own alternative, at its best multiple; the "
                                  "margin, half the best-multiple distance of Gamma* to Sigma^-1, is derived from "
                                  "the two closed forms, so a matrix at the midpoint, or a random one, fails",
+    "heads-to-gamma": "an effect question: the chance level is the same heads at initialisation. The threshold, "
+                      "0.2, was chosen after the five-seed record of f9dd1c81 was read (0.03-0.08 at rho = 0.5, "
+                      "0.46-0.69 at rho = 0.8), where it was a report; any threshold between 0.08 and 0.46 gives "
+                      "the same verdicts. At rho = 0.8 a finding, declared then",
     "risk-vs-sinv": "the rival is preconditioned debiased GD at the best multiple of Sigma^-1 (the multiple that "
                     "minimises its exact risk), on the same prompts; the margin is twice the standard error of "
                     "the paired difference. At the larger rho that rival's exact risk is further above "
                     "Gamma*'s (the preconditioner table's last column against its third), so the ordering is "
                     "easier to pass there",
-    "zero-sum-rho": "reported, no verdict: the rival, " + _LIN + ", has no y_bar term to cancel and cannot pass "
-                    "(turn-5 referee); no chance level is measured",
+    "zero-sum-rho": "an effect question per model, as zero-sum-every-phi: the chance level is the fraction of the "
+                    "linear-attention models (" + _LIN + ") that cancel within 5%",
     "sign-match-rho": "the rival is " + _LIN + "; it matches its signs too: the pattern is the task's",
+    "ov-last-rho": "the rival is " + _LIN + "; chapter 2's rule, as ov-last-every-phi",
+    "kq-diagonal-rho": "an effect question: the chance level is part 1's isotropic softmax model read the same way "
+                       "(its heads are diagonal); the threshold is chapter 2's rule for a diagonal block",
 }
 
 
