@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from iclnb import contract
 from iclnb.bookkit import runner
 
-ROOT = runner.ROOT
+ROOT = contract.ROOT
 GENERATED = {"book/reproducibility", "book/verdicts"}  # written by `iclnb book`
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from iclnb.bookkit.claims import Claims, ClaimsFailed
+from iclnb.bookkit.claims import Claims
+from iclnb.bookkit.ledger import ClaimsFailed
 from iclnb.bookkit.scorecard import scorecard_markdown
 
 NULL = dict(null="a simpler explanation", null_kind="competitor", basis="theory", basis_ref="Theorem 1")

@@ -165,7 +165,7 @@ def spec_claims(tmp_path, monkeypatch, text=None, **kwargs):
 
 
 def test_claims_measured_from_the_spec(tmp_path, monkeypatch):
-    from iclnb.bookkit.claims import ClaimsFailed
+    from iclnb.bookkit.ledger import ClaimsFailed
 
     c = spec_claims(tmp_path, monkeypatch)
     assert c.measure("beats-linear", 0.10, rival=0.30, se=0.01)

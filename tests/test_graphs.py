@@ -17,6 +17,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from iclnb import contract
+from iclnb.bookkit import pages
 from iclnb.engine import train as engine
 from iclnb.engine.train import TrainConfig, _Blocks, _fit, build_model, prompt_stream
 
@@ -203,19 +205,18 @@ def test_cpu_equals_cuda_in_float64(case):
 
 
 def test_the_reproducibility_page_says_how_runs_trained():
-    from iclnb.bookkit import runner
 
-    assert runner.RUNS_ENV == engine.RUNS_ENV
-    assert runner._training_words([]) == "It trained no model through the engine."
+    assert contract.RUNS == engine.RUNS_ENV
+    assert pages._training_words([]) == "It trained no model through the engine."
     runs = [{"run": "softmax heads=[1]", "device": "cuda:0", "from_cache": False, "training": "cuda graphs",
              "training_note": "", "replayed_steps": 900, "capture_seconds": 0.25},
             {"run": "kernel heads=[1]", "device": "cuda:0", "from_cache": True, "training": "eager",
              "training_note": "150 steps: fewer than 2 x log_every = 200, no full block to replay after the warm-up",
              "replayed_steps": 0, "capture_seconds": 0.0}]
-    words = runner._training_words(runs)
+    words = pages._training_words(runs)
     assert words.startswith("Training: 2 run(s) on `cuda:0`, 1 in CUDA graphs and 1 eagerly (150 steps: fewer")
     assert "capture 0.2 s in all" in words and "1 loaded from the run cache" in words
     cpu = [{"run": "softmax heads=[1]", "device": "cpu", "from_cache": False, "training": "eager",
             "training_note": "", "replayed_steps": 0, "capture_seconds": 0.0}]
-    assert runner._training_words(cpu) == ("Training: 1 run(s) on `cpu`, eagerly (CUDA graphs exist on "
+    assert pages._training_words(cpu) == ("Training: 1 run(s) on `cpu`, eagerly (CUDA graphs exist on "
                                            "GPUs only).")

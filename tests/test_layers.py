@@ -4,9 +4,14 @@ functions in their code cells.
 Layers, lowest first: ``iclnb.engine`` < ``iclnb.analysis`` < ``iclnb.chapters``; a chapter
 module imports no other chapter (a chapter is the ``chNN`` prefix of a module's name:
 ``ch01_icl`` may import ``ch01_regression``). ``iclnb.bookkit`` (the book machinery) imports none
-of the three; ``iclnb/__init__.py`` and ``iclnb/__main__.py`` import ``bookkit`` only. Every
-import is walked: at the top of a module and inside functions, ``import x`` and ``from x import
-y``, absolute and relative, and ``importlib.import_module("...")`` with a literal name.
+of the three; ``iclnb/__init__.py`` and ``iclnb/__main__.py`` import ``bookkit`` only.
+``iclnb.contract`` (the runner-kernel environment contract) imports nothing of the package and any
+module may import it. Every import is walked: at the top of a module and inside functions,
+``import x`` and ``from x import y``, absolute and relative, and ``importlib.import_module("...")``
+with a literal name.
+
+Inside the book machinery the modules form a line (:data:`BOOKKIT`): each imports only modules
+before it, at its top, never inside a function, so there is no cycle to hold together.
 """
 
 import ast
@@ -19,6 +24,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "iclnb"
 ORDER = {"engine": 0, "analysis": 1, "chapters": 2}  # may import itself and what is below it
+# the book machinery, lowest first: the claim spec and the claims ledger (data), reading the records,
+# the tables and verdict boxes, what a chapter imports, running chapters, the pages a build writes,
+# sweeps and seeds, the build, the browser check, the command line
+BOOKKIT = ("claimspec", "ledger", "records", "scorecard", "verdicts", "claims", "plotting", "progress", "runner",
+           "pages", "sweep", "robustness", "book", "pagecheck", "cli")
 MAX_LINES = 550
 CHAPTER = re.compile(r"^(ch\d\d)_")
 
@@ -70,6 +80,10 @@ def layer(name: str) -> str:
 def violation(module: str, target: str) -> str:
     """Why ``module`` may not import ``target``, or ""."""
     src, dst = layer(module), layer(target)
+    if target == "iclnb.contract":
+        return ""  # any layer may import the contract
+    if module == "iclnb.contract":
+        return "the contract imports nothing of the package"
     if target == "iclnb" and module != "iclnb":
         return ""  # the package itself (its __version__): it imports bookkit only
     if src == "top":
@@ -107,6 +121,36 @@ def test_imports_go_only_downward(module):
     bad = [f"{module} line {line}: imports {name}: {why}" for line, name in imports(module)
            if (why := violation(module, name))]
     assert not bad, "\n".join(bad)
+
+
+def test_bookkit_is_a_line():
+    """Each module of the book machinery imports only those before it in BOOKKIT, at its top."""
+    found = {p.stem for p in (PACKAGE / "bookkit").glob("*.py") if p.stem != "__init__"}
+    assert found == set(BOOKKIT), f"place every bookkit module in BOOKKIT: {sorted(found ^ set(BOOKKIT))}"
+    bad = []
+    for i, name in enumerate(BOOKKIT):
+        module = f"iclnb.bookkit.{name}"
+        tree = ast.parse(MODULES[module].read_text())
+        top = {node.lineno for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))}
+        for line, target in imports(module):
+            if line not in top:
+                bad.append(f"{module} line {line}: imports {target} inside a function")
+            elif target.startswith("iclnb.bookkit.") and target.split(".")[2] not in BOOKKIT[:i]:
+                bad.append(f"{module} line {line}: imports {target}, which is not before it in BOOKKIT")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_contract_agrees_with_the_engine():
+    """The engine keeps its own copies of the names it reads until its next change (the run-cache
+    key hashes its source); they must equal the contract's."""
+    from iclnb import contract
+    from iclnb.engine import progress, train, util
+
+    assert (train.RUNS_ENV, train.UNTRAINED_ENV, train.CHECKPOINT_ENV) == (
+        contract.RUNS, contract.UNTRAINED, contract.CHECKPOINT_SECONDS)
+    assert (progress.ENV, util.PREFETCH_ENV) == (contract.PROGRESS, contract.PREFETCH)
+    for module, name in (("cache", contract.CACHE_DIR), ("util", contract.THREADS), ("progress", contract.QUIET)):
+        assert f'"{name}"' in (PACKAGE / "engine" / f"{module}.py").read_text(), (module, name)
 
 
 # Over the limit for now, and why. The engine's source is part of the run-cache key, so splitting

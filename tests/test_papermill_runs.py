@@ -14,7 +14,8 @@ import papermill as pm
 import pytest
 from fake_chapter import front_matter, write_chapter
 
-from iclnb.bookkit import book, cli, pagecheck, runner
+from iclnb import contract
+from iclnb.bookkit import book, cli, pagecheck, pages, records, runner
 from iclnb.bookkit.claims import Claims
 
 
@@ -107,7 +108,7 @@ def test_params_prints_a_papermill_line_that_runs(tmp_path, capsys, monkeypatch)
     line = out.strip().splitlines()[-1].strip()
     assert line.startswith("papermill book/chapters/04_lipschitz_adaptation.ipynb") and " -y " in line
     cli.export_chapter(runner.find_chapter(4), tmp_path / "book" / "chapters")
-    (tmp_path / "notebooks").symlink_to(runner.NOTEBOOKS)  # as in a clone: the kernel reads the source there
+    (tmp_path / "notebooks").symlink_to(contract.NOTEBOOKS)  # as in a clone: the kernel reads the source there
     env = dict(os.environ, ICLNB_CLAIMS_JSON="runs/ch4.claims.json", ICLNB_CHAPTER_SOURCE="")
     bindir = Path(sys.executable).parent
     argv = shlex.split(line)
@@ -189,14 +190,14 @@ RUNS = [  # $ICLNB_RUNS lines: two trained now, one from the cache (its original
 
 
 def test_training_summary_splits_trained_now_from_the_cache():
-    t = book.training_summary(RUNS)
+    t = records.training_summary(RUNS)
     assert t["runs"] == 3 and t["trained_runs"] == 2 and t["cached_runs"] == 1
     assert t["steps"] == 4000 and t["train_seconds"] == 30.0 and t["steps_per_second"] == pytest.approx(133.3)
     assert t["cached_seconds"] == 30.0 and t["cached_share"] == 0.5
-    assert book.training_line(RUNS) == ("4,000 steps in 30 s at 133 steps/s; from cache 1 of 3 runs "
+    assert records.training_line(RUNS) == ("4,000 steps in 30 s at 133 steps/s; from cache 1 of 3 runs "
                                           "(50% of training s)")
-    assert book.training_line(RUNS[2:3]) == "nothing trained now; from cache 1 of 1 runs (100% of training s)"
-    assert book.training_line([]) == "no training runs in its kernel"
+    assert records.training_line(RUNS[2:3]) == "nothing trained now; from cache 1 of 1 runs (100% of training s)"
+    assert records.training_line([]) == "no training runs in its kernel"
     assert book.cache_words(RUNS[:2]) == "cold run cache: every model trained now"
     assert book.cache_words(RUNS).startswith("WARM run cache: 1 of 3 training runs, 50% of the training seconds")
 
@@ -210,7 +211,8 @@ def test_the_book_and_run_print_what_the_training_time_measured(chapter, tmp_pat
 
     monkeypatch.setattr(runner, "chapters", lambda: [chapter])
     monkeypatch.setattr(runner, "run_chapter", fake_run)
-    monkeypatch.setattr(runner, "write_reproducibility_page", lambda results, smoke=False: None)
+    monkeypatch.setattr(pages, "write_reproducibility_page", lambda results, smoke=False: None)
+    monkeypatch.setattr(pages, "write_verdicts_page", lambda results: None)
     monkeypatch.setattr(book, "build_html", lambda url, log=print: 0)
     lines = []
     assert book.build_book(log=lines.append) == 0

@@ -7,7 +7,7 @@ import re
 import pytest
 from fake_chapter import front_matter, write_chapter
 
-from iclnb.bookkit import robustness, runner
+from iclnb.bookkit import records, robustness, runner
 from iclnb.bookkit.cli import main
 
 SEEDED = front_matter('a chapter whose checks depend on its seed') + """
@@ -48,7 +48,7 @@ def test_a_record_per_seed_resumed_read_back_and_stale(seeded, tmp_path):
     rec = robustness.robustness(seeded, [0, 1, 2], jobs=2, out=tmp_path / "runs", records=tmp_path / "rec",
                                 log=lines.append)
     assert rec == json.loads((tmp_path / "rec" / "96_seeded.json").read_text())
-    assert rec == robustness.robustness_record("96_seeded", records=tmp_path / "rec")
+    assert rec == records.robustness_record("96_seeded", records=tmp_path / "rec")
     assert rec["chapter"] == "96_seeded" and rec["seeds"] == [0, 1, 2]
     assert rec["params"] == {"k": 3, "enforce_claims": False}  # every parameter but the seed
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", rec["commit"]) and rec["device"] == "unknown"
@@ -57,31 +57,31 @@ def test_a_record_per_seed_resumed_read_back_and_stale(seeded, tmp_path):
     even = rec["claims"]["even"]
     assert even["kind"] == "check" and even["group"] == "evidence"
     assert even["values"] == [0, 1, None] and even["passed"] == [True, False, None]
-    assert even["null_passed"] == [False, False, None] and robustness.pass_rate(even) == (1, 3)
+    assert even["null_passed"] == [False, False, None] and records.pass_rate(even) == (1, 3)
     both = rec["claims"]["null-too"]  # the value passes at every seed, the null at seed 1
-    assert robustness.holds(both) == [True, False, None]
-    assert robustness.holds(rec["claims"]["k"]) == [True, True, None]
-    assert rec["claims"]["twice"]["values"] == [0, 2, None] and robustness.holds(rec["claims"]["twice"]) == [None] * 3
+    assert records.holds(both) == [True, False, None]
+    assert records.holds(rec["claims"]["k"]) == [True, True, None]
+    assert rec["claims"]["twice"]["values"] == [0, 2, None] and records.holds(rec["claims"]["twice"]) == [None] * 3
     assert any("even" in line and "holds at 1; fails at 1; not recorded at 1 of 3 seeds" in line for line in lines)
     assert any("no verdict at 80% of the seeds" in line and "even" in line for line in lines)
-    assert not robustness.is_stale(rec, seeded.path)
+    assert not records.is_stale(rec, seeded.path)
     # a second call skips the seeds that ran from this source and runs the failed one again
     lines.clear()
     robustness.robustness(seeded, [0, 1, 2], jobs=1, out=tmp_path / "runs", records=tmp_path / "rec",
                           log=lines.append)
     assert "3 runs, 2 already done, 1 to run" in lines[0]
     seeded.path.write_text(SEEDED.replace("k = 3", "k = 4"))
-    assert robustness.is_stale(rec, seeded.path)
-    assert robustness.robustness_record("96_seeded", records=tmp_path / "nothing") is None
+    assert records.is_stale(rec, seeded.path)
+    assert records.robustness_record("96_seeded", records=tmp_path / "nothing") is None
 
 
 def test_stale_against_the_books_own_source(tmp_path):
     ch = runner.chapters()[0]
     rec = {"chapter": ch.slug, "source_sha256": "0" * 64}
-    assert robustness.is_stale(rec)
-    rec["source_sha256"] = robustness.sweep.source_sha256(ch.path)
-    assert not robustness.is_stale(rec)
-    assert robustness.is_stale({"chapter": "99_no_such_chapter", "source_sha256": "0" * 64})
+    assert records.is_stale(rec)
+    rec["source_sha256"] = records.source_sha256(ch.path)
+    assert not records.is_stale(rec)
+    assert records.is_stale({"chapter": "99_no_such_chapter", "source_sha256": "0" * 64})
 
 
 def test_every_chapter_names_the_parameters_a_robustness_run_sets():

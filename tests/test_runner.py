@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from iclnb.bookkit import book, runner
+from iclnb import contract
+from iclnb.bookkit import book, pages, runner
 
 
 def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):
@@ -49,8 +50,8 @@ def test_claims_not_enforced_at_the_defaults_never_read_as_passing(chapter, tmp_
     r = run(chapter, tmp_path, {"enforce_claims": False})
     assert r.ok and r.claims["enforced"] is False and r.status == "claims not enforced"
     assert r.summary().rstrip().endswith("claims not enforced") and " ok" not in r.summary()
-    monkeypatch.setattr(runner, "REPRO_PAGE", tmp_path / "repro.md")
-    row = next(line for line in runner.write_reproducibility_page([r]).read_text().splitlines()
+    monkeypatch.setattr(pages, "REPRO_PAGE", tmp_path / "repro.md")
+    row = next(line for line in pages.write_reproducibility_page([r]).read_text().splitlines()
                if line.startswith("| 98. Synthetic |"))
     assert row.endswith("| claims not enforced |")
     assert run(chapter, tmp_path).status == "pass"
@@ -71,9 +72,9 @@ def test_numpy_scalar_glue_is_an_error(chapter, tmp_path):
 
 
 def test_reproducibility_page(chapter, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "REPRO_PAGE", tmp_path / "repro.md")
+    monkeypatch.setattr(pages, "REPRO_PAGE", tmp_path / "repro.md")
     runs = [run(chapter, tmp_path), run(chapter, tmp_path, preset="paper")]
-    page = runner.write_reproducibility_page(runs).read_text()
+    page = pages.write_reproducibility_page(runs).read_text()
     assert "Ran with its defaults" in page and "Ran with the **paper** preset" in page
     assert "that is cpu (" in page or "that is cuda:" in page  # the device used, not only the parameter
     assert "torch" in page and "98. Synthetic" in page and "n is at least 5" in page
@@ -109,4 +110,4 @@ def test_book_config_has_a_repository_button_only_with_a_url(tmp_path):
         config = yaml.safe_load(book.write_book_config(url, tmp_path / "config.yml").read_text())
         assert config["html"]["use_repository_button"] is bool(url)
         assert config.get("repository", {}).get("url", "") == url
-        assert config["sphinx"] == yaml.safe_load((runner.ROOT / "_config.yml").read_text())["sphinx"]
+        assert config["sphinx"] == yaml.safe_load((contract.ROOT / "_config.yml").read_text())["sphinx"]

@@ -1,12 +1,13 @@
 """The book's scorecard: counts per chapter and in total, null kinds, bases, pass rates over seeds."""
 
-import sys
 import types
 
 import pytest
 
+from iclnb.bookkit import records
 from iclnb.bookkit.claims import Claims
-from iclnb.bookkit.scorecard import robust, scorecard_markdown, seed_passes
+from iclnb.bookkit.records import robust, seed_passes
+from iclnb.bookkit.scorecard import scorecard_markdown
 
 
 def _chapter(name="01_a"):
@@ -36,17 +37,13 @@ def _record(stem, **claims):
 
 @pytest.fixture
 def robustness(monkeypatch):
-    """A stand-in for iclnb.bookkit.robustness: ``records[stem]`` and ``stale`` set by the test."""
-    from iclnb.bookkit import robustness as real
-
-    mod = types.ModuleType("iclnb.bookkit.robustness")
-    mod.records, mod.papers, mod.stale = {}, {}, set()
-    mod.RECORDS, mod.PAPER_RECORDS = "robustness", "paper"
-    mod.robustness_record = lambda stem, where="robustness": (mod.papers if where == "paper" else mod.records).get(stem)
-    mod.is_stale = lambda rec: rec["chapter"] in mod.stale
-    mod.holds, mod.pass_rate = real.holds, real.pass_rate
-    monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", mod)
-    return mod
+    """The records the scorecard reads, set by the test: ``records[stem]``, ``papers[stem]`` and the
+    chapters in ``stale``."""
+    fake = types.SimpleNamespace(records={}, papers={}, stale=set())
+    monkeypatch.setattr(records, "robustness_record", lambda stem, where=records.RECORDS: (
+        fake.papers if where == records.PAPER_RECORDS else fake.records).get(stem))
+    monkeypatch.setattr(records, "is_stale", lambda rec, source=None: rec["chapter"] in fake.stale)
+    return fake
 
 
 def _table(lines, heading):
@@ -90,8 +87,7 @@ def test_scorecard_counts_strength_and_pass_rates(robustness):
     assert ("Chapter 1", "s") not in rows and ("Chapter 1", "r") not in rows  # sanity and reports: counted only
 
 
-def test_scorecard_without_the_robustness_module(monkeypatch):
-    monkeypatch.setitem(sys.modules, "iclnb.bookkit.robustness", None)  # import fails
+def test_scorecard_without_records(robustness):
     lines = scorecard_markdown([("Chapter 1", "01_a", _chapter())])
     assert _table(lines, "holds (effect only)")[0][-1] == "no record"
     assert all(r[7] in ("no record", "") for r in _table(lines, "question · rival"))
@@ -181,11 +177,11 @@ def test_margins_over_seeds():
 def test_seeds_of_a_spec_claim_count_its_verdict():
     """Over seeds, a claim of a spec counts the seeds that reach this run's verdict: a shared
     verdict is a result, and its seeds are counted as shared, not as failures."""
-    from iclnb.bookkit.scorecard import _seeds_cell
+    from iclnb.bookkit.scorecard import seeds_cell
 
     shared = "holds, shared with linear attention (not enforced)"
     rec = {"seeds": [0, 1, 2, 3, 4], "claims": {"a": {"passed": [True] * 5, "null_passed": [True] * 4 + [False],
                                                       "status": [shared] * 4 + ["holds (not enforced)"]}}}
     row = {"id": "a", "kind": "check", "question": "mechanism", "status": "holds, shared with linear attention"}
-    assert _seeds_cell(row, rec, False) == "shared at 4 of 5"
-    assert _seeds_cell({**row, "status": "holds"}, rec, True) == "holds at 1 of 5 **not robust** (stale)"
+    assert seeds_cell(row, rec, False) == "shared at 4 of 5"
+    assert seeds_cell({**row, "status": "holds"}, rec, True) == "holds at 1 of 5 **not robust** (stale)"

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
+from iclnb import contract
 from iclnb.bookkit import runner
 
-ROOT = runner.ROOT
+ROOT = contract.ROOT
 LINTED = ("iclnb", "tests", "benchmarks")
 CELL_LINE_MAX = 80  # characters in a line of a chapter's code cell (the page's code column)
 

@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from iclnb.bookkit import runner, sweep
+from iclnb.bookkit import records, runner, sweep
 from iclnb.bookkit.cli import main
 
 
@@ -42,7 +42,7 @@ def test_resume_and_a_failing_run(chapter, tmp_path):
     assert "1 already done, 1 to run" in lines[0]  # the finished run is skipped, the failed one retried
     assert ok_record.stat().st_mtime_ns == stamp and len(again.records) == 2
     # a run of another version of the chapter's source is not resumed: it runs again
-    assert json.loads(ok_record.read_text())["source_sha256"] == sweep.source_sha256(chapter.path)
+    assert json.loads(ok_record.read_text())["source_sha256"] == records.source_sha256(chapter.path)
     chapter.path.write_text(chapter.path.read_text().replace("n = 10  # a count", "n = 11  # a count"))
     lines.clear()
     sweep.sweep(chapter, {"fail_at": [""]}, jobs=1, out=out, log=lines.append)

@@ -10,7 +10,7 @@ import pytest
 
 from iclnb.bookkit import runner
 
-CHAPTERS = [ch.number for ch in runner.chapters() if ch.number <= 7]
+CHAPTERS = [ch.number for ch in runner.chapters() if ch.kind == "chapter"]
 
 
 @pytest.mark.parametrize("number", CHAPTERS)

@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from iclnb.bookkit import runner
+from iclnb.bookkit import pages, runner
+from iclnb.bookkit.records import training_line, training_summary
+from iclnb.contract import CACHE_DIR, REPO_URL, ROOT
 
 
 def repository_url() -> str:
@@ -19,10 +21,10 @@ def repository_url() -> str:
     ``$ICLNB_REPO_URL`` when set (empty: no repository button), else the git remote ``origin``
     when it is an http(s) URL. Credentials in the URL and a trailing ``.git`` are dropped.
     """
-    url = os.environ.get("ICLNB_REPO_URL")
+    url = os.environ.get(REPO_URL)
     if url is None:
         try:
-            url = subprocess.run(["git", "remote", "get-url", "origin"], cwd=runner.ROOT, capture_output=True,
+            url = subprocess.run(["git", "remote", "get-url", "origin"], cwd=ROOT, capture_output=True,
                                  text=True).stdout
         except OSError:  # no git
             url = ""
@@ -33,12 +35,12 @@ def repository_url() -> str:
     return m.group(1) + m.group(2) if m else ""
 
 
-def write_book_config(repo_url: str, path: Path = runner.ROOT / "_build" / "_config.generated.yml") -> Path:
+def write_book_config(repo_url: str, path: Path = ROOT / "_build" / "_config.generated.yml") -> Path:
     """``_config.yml`` with the repository button on for ``repo_url`` (left off when it is empty),
     written to ``path`` for ``jupyter-book build --config``."""
     import yaml
 
-    config = yaml.safe_load((runner.ROOT / "_config.yml").read_text())
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
     if repo_url:
         config["repository"] = {"url": repo_url}
         config["html"]["use_repository_button"] = True
@@ -53,49 +55,15 @@ def build_html(url: str, log=print) -> int:
     for ``url`` (none when empty); returns the exit code."""
     log(f"repository button: {url or 'none (set ICLNB_REPO_URL, or a git remote origin with an http(s) URL)'}")
     cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-           "build", str(runner.ROOT), "--config", str(write_book_config(url)), "-W", "-n", "--keep-going"]
+           "build", str(ROOT), "--config", str(write_book_config(url)), "-W", "-n", "--keep-going"]
     log("building the book: jupyter-book " + " ".join(cmd[3:]))
-    return subprocess.run(cmd, cwd=runner.ROOT).returncode
-
-
-def training_summary(runs: list[dict]) -> dict:
-    """What a chapter's wall time measured: its training runs (``$ICLNB_RUNS`` lines) split into the
-    ones trained now and the ones loaded from the run cache.
-
-    ``steps_per_second``: training steps per second of the runs trained now (None when none
-    trained); ``cached_runs`` of ``runs`` came from the cache, carrying ``cached_share`` of the
-    training seconds (a hit counts its original training's seconds): 0 on a cold cache, 1 when
-    nothing trained. Untrained runs (``ICLNB_UNTRAINED``) count for neither."""
-    from iclnb.bookkit.robustness import training_speed
-
-    real = [x for x in runs if not x.get("untrained")]
-    fresh = [x for x in real if not x.get("from_cache")]
-    hits = [x for x in real if x.get("from_cache")]
-    now = training_speed(fresh)
-    cached_seconds = sum(float(x.get("train_seconds") or 0.0) for x in hits)
-    total = now["train_seconds"] + cached_seconds
-    return {"runs": len(real), "trained_runs": len(fresh), "cached_runs": len(hits),
-            "steps": now["steps"], "train_seconds": now["train_seconds"],
-            "steps_per_second": now["steps_per_second"], "cached_seconds": round(cached_seconds, 1),
-            "cached_share": round(cached_seconds / total, 3) if total else (1.0 if hits else 0.0)}
-
-
-def training_line(runs: list[dict]) -> str:
-    """:func:`training_summary` in one line for a summary table: ``"20,000 steps at 99 steps/s;
-    cache 0 of 3 runs (0% of training s)"``."""
-    t = training_summary(runs)
-    if not t["runs"]:
-        return "no training runs in its kernel"
-    speed = (f"{t['steps']:,} steps in {t['train_seconds']:.0f} s at {t['steps_per_second']:,.0f} steps/s"
-             if t["steps_per_second"] else "nothing trained now")
-    return (f"{speed}; from cache {t['cached_runs']} of {t['runs']} runs "
-            f"({100 * t['cached_share']:.0f}% of training s)")
+    return subprocess.run(cmd, cwd=ROOT).returncode
 
 
 def cache_entries() -> int:
     """How many trained models the run cache holds now (``$ICLNB_CACHE_DIR``, else ``~/.cache/iclnb``,
     as ``iclnb.engine.cache.cache_dir`` has it; the book machinery does not import the engine)."""
-    folder = Path(os.environ.get("ICLNB_CACHE_DIR") or Path.home() / ".cache" / "iclnb")
+    folder = Path(os.environ.get(CACHE_DIR) or Path.home() / ".cache" / "iclnb")
     return sum(1 for p in folder.glob("*.pt") if not p.name.endswith(".ckpt.pt")) if folder.is_dir() else 0
 
 
@@ -135,8 +103,8 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
         else:
             log(f"  done in {r.seconds:.1f} s; training: {training_line(r.runs)}")
         results.append(r)
-    runner.write_reproducibility_page(results, smoke=smoke)
-    runner.write_verdicts_page(results)
+    pages.write_reproducibility_page(results, smoke=smoke)
+    pages.write_verdicts_page(results)
     code = build_html(url, log=log)
     log("\nchapter                                  wall time  claims                                   status")
     for r in results:
@@ -144,5 +112,5 @@ def build_book(smoke: bool = False, log=print, preset: str | None = None) -> int
         log(f"    training: {training_line(r.runs)}")
     every = [x for r in results for x in r.runs]
     log(f"total {sum(r.seconds for r in results):.1f} s ({cache_words(every, empty_at_start)}); book build "
-        f"{'ok' if code == 0 else 'FAILED'} -> {runner.ROOT / '_build' / 'html' / 'index.html'}")
+        f"{'ok' if code == 0 else 'FAILED'} -> {ROOT / '_build' / 'html' / 'index.html'}")
     return 0 if code == 0 and all(r.ok for r in results) else 1

@@ -58,6 +58,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from iclnb.contract import CHAPTER_SOURCE, CLAIMS_JSON, PRESET
+
 QUESTIONS = ("effect", "mechanism", "sanity", "report", "not_attempted")
 RIVAL_KINDS = ("trained", "tuned", "ablation", "computed", "chance", "closed form", "constant")
 # the rivals each question accepts: an ablation is the trained model with the tested part removed, not
@@ -73,8 +75,6 @@ FIELDS = {"statistic", "whose", "quote", "where", "question", "compare", "thresh
           "amended", "untrained_ok", "why"}
 ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 DECLARED = WHEN  # when a finding was declared: before the run, or after a failing run
-SOURCE_ENV = "ICLNB_CHAPTER_SOURCE"  # the chapter's .md source (set by the runner)
-PRESET_ENV = "ICLNB_PRESET"  # the preset the chapter runs with ("paper", "smoke" or empty)
 
 
 class SpecError(ValueError):
@@ -286,12 +286,12 @@ OPS = {
 }
 
 
-def _fmt(x) -> str:
+def fmt(x) -> str:
     """A compact, readable rendering of a measured value or threshold."""
     if isinstance(x, bool) or x is None:
         return str(x)
     if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_fmt(v) for v in x) + "]"
+        return "[" + ", ".join(fmt(v) for v in x) + "]"
     if isinstance(x, int):
         return f"{x:d}"
     if isinstance(x, float):
@@ -303,24 +303,24 @@ def _fmt(x) -> str:
     return str(x)
 
 
-def _plain(x):
+def plain(x):
     """Turn numpy/torch scalars into plain Python numbers (JSON-safe, comparable)."""
     if hasattr(x, "item") and getattr(x, "ndim", 0) == 0:
         x = x.item()
     if isinstance(x, (list, tuple)):
-        return type(x)(_plain(v) for v in x)
+        return type(x)(plain(v) for v in x)
     return x
 
 
-def _real(x) -> bool:
+def real_number(x) -> bool:
     """A finite real number (not a bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _meets(value, op: str, threshold) -> bool:
+def meets(value, op: str, threshold) -> bool:
     """Whether ``value <op> threshold``; a non-finite or non-numeric value fails every comparison
     but ``is``."""
-    return value is threshold if op == "is" else _real(value) and bool(OPS[op](value, threshold))
+    return value is threshold if op == "is" else real_number(value) and bool(OPS[op](value, threshold))
 
 
 # ---- verdicts -----------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def entry_history(source: str | Path) -> dict[str, History]:
 def chapter_source(chapter: str) -> Path | None:
     """The chapter's .md source: ``$ICLNB_CHAPTER_SOURCE`` when it names this chapter (the runner
     sets it), else ``notebooks/<chapter>.md`` in the working directory or a folder above it."""
-    env = os.environ.get(SOURCE_ENV)
+    env = os.environ.get(CHAPTER_SOURCE)
     if env and Path(env).stem == chapter and Path(env).is_file():
         return Path(env)
     here = Path.cwd().resolve()
@@ -462,28 +462,27 @@ def declared_findings(chapter: str) -> tuple[dict, str]:
     if path is None:
         return {}, ""
     meta = front_matter(path).get("iclnb") or {}
-    key = "findings_paper" if os.environ.get(PRESET_ENV) == "paper" and "findings_paper" in meta else "findings"
+    key = "findings_paper" if os.environ.get(PRESET) == "paper" and "findings_paper" in meta else "findings"
     found = meta.get(key) or {}
     if not isinstance(found, dict):
         raise ValueError(f"{path}: iclnb.{key} must map claim ids to declarations")
     return {cid: finding_declaration(cid, v, dated=True) for cid, v in found.items()}, f"{path.name}: iclnb.{key}"
 
 
-CLAIMS_ENV = "ICLNB_CLAIMS_JSON"  # where a chapter writes its claims JSON (set by the runner)
 
 
 def claims_target(chapter: str) -> Path:
     """The claims JSON's absolute path (``$ICLNB_CLAIMS_JSON``, else ``<chapter>.claims.json``, resolved
     in the kernel's working directory), its folder made: :class:`Claims` asks when it is created, so
     a path that cannot be written fails the first cell, naming it, not the last after training."""
-    raw, cwd = os.environ.get(CLAIMS_ENV) or f"{chapter}.claims.json", Path.cwd()
+    raw, cwd = os.environ.get(CLAIMS_JSON) or f"{chapter}.claims.json", Path.cwd()
     path = (cwd / Path(raw).expanduser()).absolute()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(path.parent, os.W_OK) or path.is_dir():
             raise PermissionError(f"{path} cannot be written")
     except OSError as e:
-        raise OSError(f"the claims JSON of {chapter} cannot go to {path} (${CLAIMS_ENV}="
-                      f"{os.environ.get(CLAIMS_ENV)!r}, in the kernel's working directory {cwd}): {e}; "
-                      f"set {CLAIMS_ENV} to an absolute path") from e
+        raise OSError(f"the claims JSON of {chapter} cannot go to {path} (${CLAIMS_JSON}="
+                      f"{os.environ.get(CLAIMS_JSON)!r}, in the kernel's working directory {cwd}): {e}; "
+                      f"set {CLAIMS_JSON} to an absolute path") from e
     return path

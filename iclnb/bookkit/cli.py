@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from iclnb.bookkit import book, pagecheck, runner
+from iclnb.bookkit import book, pagecheck, robustness, runner, sweep
+from iclnb.bookkit.records import training_line
 
 
 def _list(args) -> int:
@@ -93,13 +94,11 @@ def _run(args) -> int:
     for c in r.claims.get("claims", []):
         print(f"  [{c['status']:8s}] {c['text']}: {c['value']} {c['condition']}")
     print(r.summary())
-    print(f"  training: {book.training_line(r.runs)}")
+    print(f"  training: {training_line(r.runs)}")
     return 0 if r.ok else 1
 
 
 def _sweep(args) -> int:
-    from iclnb.bookkit import sweep
-
     grid = {}
     for name, *values in args.param or []:
         if name in grid:
@@ -114,8 +113,6 @@ def _sweep(args) -> int:
 
 
 def _robustness(args) -> int:
-    from iclnb.bookkit import robustness
-
     record = robustness.robustness(args.chapter, args.seeds, jobs=args.jobs, scheduler=args.scheduler, out=args.out,
                                    preset=args.preset)
     return 1 if record["errors"] else 0

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from iclnb.bookkit.runner import ROOT
+from iclnb.contract import CHROMIUM, ROOT
 
 HTML = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
@@ -107,7 +107,7 @@ class BrowserError(RuntimeError):
 
 def find_browser() -> str | None:
     """The Chromium binary: ``$ICLNB_CHROMIUM`` when set, else the first of :data:`BROWSERS` on the PATH."""
-    names = [os.environ["ICLNB_CHROMIUM"]] if os.environ.get("ICLNB_CHROMIUM") else BROWSERS
+    names = [os.environ[CHROMIUM]] if os.environ.get(CHROMIUM) else BROWSERS
     return next(filter(None, map(shutil.which, names)), None)
 
 
@@ -121,7 +121,7 @@ class Chromium:
     def __init__(self, binary: str | None = None, width: int = 1280, height: int = 900, timeout: float = 60):
         self.binary = binary or find_browser()
         if not self.binary:
-            tried = os.environ.get("ICLNB_CHROMIUM") or f"{', '.join(BROWSERS)}; or set ICLNB_CHROMIUM"
+            tried = os.environ.get(CHROMIUM) or f"{', '.join(BROWSERS)}; or set ICLNB_CHROMIUM"
             raise BrowserError(f"no Chromium found (tried {tried}); on Debian: apt-get install chromium")
         self.size, self.timeout = (width, height), timeout
         self.requests: list[str] = []

@@ -26,7 +26,7 @@ from pathlib import Path
 ENV = "ICLNB_PROGRESS"  # = iclnb.engine.progress.ENV (the engine writes, the book reads)
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
@@ -39,7 +39,7 @@ def describe_training(state: dict) -> str:
     if state.get("loss") is not None:
         text += f", loss {state['loss']:.4g}"
     if 0 < step < steps and state.get("elapsed"):
-        text += f", about {_clock(state['elapsed'] * (steps - step) / step)} left in this run"
+        text += f", about {clock(state['elapsed'] * (steps - step) / step)} left in this run"
     return text
 
 
@@ -107,7 +107,7 @@ class ChapterMonitor:
         cell = running_cell(self.notebook)
         if cell is None:
             return None
-        text = f"[{_clock(time.perf_counter() - self._start)}] cell {cell[0]}/{cell[1]}"
+        text = f"[{clock(time.perf_counter() - self._start)}] cell {cell[0]}/{cell[1]}"
         text += f" ({cell[2]})" if cell[2] else ""
         try:
             state = json.loads(self.file.read_text())

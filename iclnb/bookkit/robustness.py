@@ -21,8 +21,8 @@ seed's run recorded no such claim, e.g. it failed before), taken from the run's 
 (:meth:`iclnb.bookkit.claims.Claims.to_dict`): ``rivals``, the rival's (the null's) value;
 ``thresholds``, the threshold the seed's run compared both with; ``passed``, the value meets the threshold;
 ``null_passed``, the null's value meets it too; ``holds``, the verdict (:func:`holds`,
-:func:`pass_rate`). :func:`robustness_record` reads a record and
-:func:`is_stale` says whether the chapter's source changed since it was written.
+:func:`pass_rate`). :mod:`iclnb.bookkit.records` reads the records: :func:`robustness_record`, and
+:func:`is_stale` says whether the chapter's source changed since a record was written.
 """
 
 from __future__ import annotations
@@ -32,14 +32,12 @@ import json
 import os
 import re
 import subprocess
-from collections import Counter
 from pathlib import Path
 
 from iclnb.bookkit import runner, sweep
-from iclnb.bookkit.scorecard import robust
+from iclnb.bookkit.records import PAPER_RECORDS, RECORDS, source_sha256, summary, training_speed
+from iclnb.contract import ROOT
 
-RECORDS = runner.ROOT / "book" / "robustness"
-PAPER_RECORDS = runner.ROOT / "book" / "paper"  # the paper-scale records (``--preset paper``)
 SEEDS = (0, 1, 2, 3, 4)
 ENFORCE = "enforce_claims"  # the parameter every chapter has: raise when a claim fails
 # a claim's per-seed lists in a record, and the field of the claims JSON each is taken from
@@ -49,7 +47,7 @@ LISTS = {"values": "value", "rivals": "null_value", "thresholds": "threshold", "
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=runner.ROOT, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -61,7 +59,7 @@ def commit(*paths: Path) -> str:
     head = _git("rev-parse", "HEAD")
     if not head:
         return "unknown"
-    inside = [str(p) for p in paths if Path(p).resolve().is_relative_to(runner.ROOT)]
+    inside = [str(p) for p in paths if Path(p).resolve().is_relative_to(ROOT)]
     dirty = inside and _git("status", "--porcelain", "--", *inside)
     return head + ("-dirty" if dirty else "")
 
@@ -78,26 +76,13 @@ def _claims(records: list[dict]) -> dict:
     return out
 
 
-def training_speed(runs: list[dict]) -> dict:
-    """How fast a run's models trained (its ``$ICLNB_RUNS`` lines, cache hits as the original
-    training): the training runs (and how many this execution loaded from the run cache), their
-    steps, member-steps and seconds, and steps per second."""
-    trained = [x for x in runs if not x.get("untrained") and x.get("train_seconds")]
-    seconds = sum(float(x["train_seconds"]) for x in trained)
-    steps = sum(int(x.get("steps", 0)) for x in trained)
-    member_steps = sum(int(x.get("steps", 0)) * int(x.get("members", 1)) for x in trained)
-    return {"runs": len(trained), "from_cache": sum(bool(x.get("from_cache")) for x in trained), "steps": steps,
-            "member_steps": member_steps, "train_seconds": round(seconds, 1),
-            "steps_per_second": round(steps / seconds, 1) if seconds else None}
-
-
 def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], params: dict,
                 preset: str | None = None) -> dict:
     """The robustness record of ``records`` (the sweep's, one per seed, in the order of ``seeds``);
     with ``preset`` also the preset and, per seed, the run's wall time and training speed."""
     devices = sorted({r["device"] for r in records if r.get("device")})
-    record = {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, runner.ROOT / "iclnb"),
-              "source_sha256": sweep.source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
+    record = {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, ROOT / "iclnb"),
+              "source_sha256": source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "params": params, "claims": _claims(records),
               "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}
@@ -157,67 +142,3 @@ def robustness(chapter_spec, seeds=SEEDS, jobs: int | None = None, scheduler: st
         log(line)
     return record
 
-
-def robustness_record(stem: str, records: str | os.PathLike = RECORDS) -> dict | None:
-    """The robustness record of the chapter ``stem`` (e.g. ``"06_superposition"``), or None when
-    there is none (or it cannot be read)."""
-    try:
-        record = json.loads((Path(records) / f"{stem}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def is_stale(record: dict, source: str | os.PathLike | None = None) -> bool:
-    """Whether the chapter's source (default ``notebooks/<chapter>.md``) changed since ``record``
-    was written (or is gone): its SHA-256 differs from the record's ``source_sha256``."""
-    path = Path(source) if source is not None else runner.NOTEBOOKS / f"{record.get('chapter')}.md"
-    try:
-        return sweep.source_sha256(path) != record.get("source_sha256")
-    except OSError:
-        return True
-
-
-def holds(entry: dict) -> list[bool | None]:
-    """Per seed, whether a claim of a record holds (an evidence check: its value passes and its
-    null fails; a sanity check: it passes), as the claims JSON said (worked out from ``passed``
-    and ``null_passed`` where it did not); None for a reported number or a seed that did not
-    record the claim."""
-    passed = entry.get("passed") or []
-    nulls, recorded = (entry.get(k) or [None] * len(passed) for k in ("null_passed", "holds"))
-    return [h if h is not None else (None if p is None else bool(p) and not n)  # a JSON without "holds"
-            for h, p, n in zip(recorded, passed, nulls)]
-
-
-def pass_rate(entry: dict) -> tuple[int, int]:
-    """(seeds at which the claim holds, seeds run): a seed whose run failed counts as not holding."""
-    h = holds(entry)
-    return sum(x is True for x in h), len(h)
-
-
-def verdict_counts(entry: dict) -> list[tuple[str, int]]:
-    """A claim's verdicts over the seeds of a record, most frequent first, in short words ("holds",
-    "shared" for "holds, shared with <rival>", "not reproduced", ...); [] for a record written
-    before verdicts were kept."""
-    short = [re.sub(r"^holds, shared with .*", "shared", str(x).replace(" (not enforced)", ""))
-             if x is not None else "not recorded" for x in entry.get("status") or []]
-    return sorted(Counter(short).items(), key=lambda kv: -kv[1])
-
-
-def summary(record: dict) -> list[str]:
-    """The record in words: each claim's verdicts over the seeds (its pass rate where the record
-    keeps none), and the evidence checks with no verdict at 4 of 5 seeds or more."""
-    lines, weak = [], []
-    for cid, e in record["claims"].items():
-        if e.get("kind") not in ("check", "finding", "sanity"):
-            continue
-        k, n = pass_rate(e)
-        counts = verdict_counts(e)
-        words = "; ".join(f"{v} at {c}" for v, c in counts) if counts else f"holds at {k}"
-        lines.append(f"  {cid:32s} {e['kind']:8s} {words} of {n} seeds")
-        if e.get("kind") == "check" and not robust(counts[0][1] if counts else k, n):
-            weak.append(cid)
-    if weak:
-        lines.append(f"  evidence checks with no verdict at 80% of the seeds or more: {', '.join(weak)}")
-    lines += [f"  seed {s} failed: {err}" for s, err in record.get("errors", {}).items()]
-    return lines

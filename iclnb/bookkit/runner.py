@@ -30,13 +30,14 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
+from iclnb import __version__
+from iclnb.bookkit.progress import ChapterMonitor
+from iclnb.contract import CHAPTER_SOURCE, CLAIMS_JSON, NOTEBOOKS, PRESET, QUIET, ROOT, RUNS
+
 CHAPTERS_OUT = ROOT / "book" / "chapters"
-REPRO_PAGE = ROOT / "book" / "reproducibility.md"
-VERDICTS_PAGE = ROOT / "book" / "verdicts.md"  # every claim of the papers, one row each
 CHAPTER_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.md$")
 PRESETS = ("smoke", "paper")  # named parameter sets a chapter may declare in its front matter
+KINDS = ("chapter", "how-to")  # what a page is (Chapter.kind)
 
 
 class ParameterError(ValueError):
@@ -79,6 +80,16 @@ class Chapter:
     @property
     def description(self) -> str:
         return self.meta.get("description", "")
+
+    @property
+    def kind(self) -> str:
+        """What the page is, from its front matter (``iclnb: kind:``): ``"chapter"`` (the default: it
+        re-runs experiments of a paper and checks its claims) or ``"how-to"`` (it shows the tools,
+        e.g. the sweep page; no claims of the papers, no robustness record)."""
+        kind = self.meta.get("kind", "chapter")
+        if kind not in KINDS:
+            raise ParameterError(f"{self.path.name}: iclnb.kind={kind!r}; one of {KINDS}")
+        return kind
 
     @property
     def presets(self) -> dict:
@@ -244,7 +255,6 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
-RUNS_ENV = "ICLNB_RUNS"  # iclnb.engine.train.RUNS_ENV (not imported here: the runner starts without torch)
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
 # the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
 # every start (the kernel is local, started by papermill on the loopback interface); a reader of
@@ -307,8 +317,6 @@ def run_chapter(chapter: Chapter, overrides: dict | None = None, output: Path | 
 def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn) -> Result:
     import papermill as pm
 
-    from iclnb.bookkit.progress import ChapterMonitor
-
     preset = "smoke" if smoke else (preset or "")
     if preset and preset not in chapter.presets:
         raise ParameterError(f"chapter {chapter.number} has no preset {preset!r}; "
@@ -325,13 +333,12 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
     rpath = output.with_suffix(".runs.jsonl")
     rpath.unlink(missing_ok=True)
     kpath = output.with_suffix(".kernel.log")
-    env_before = {k: os.environ.get(k) for k in ("ICLNB_CLAIMS_JSON", "ICLNB_QUIET", RUNS_ENV,
-                                                 "ICLNB_CHAPTER_SOURCE", "ICLNB_PRESET")}
-    os.environ["ICLNB_CLAIMS_JSON"] = str(cpath)
-    os.environ["ICLNB_CHAPTER_SOURCE"] = str(chapter.path)  # Claims reads the declared findings there
-    os.environ["ICLNB_PRESET"] = preset
-    os.environ[RUNS_ENV] = str(rpath)
-    os.environ["ICLNB_QUIET"] = "1"
+    env_before = {k: os.environ.get(k) for k in (CLAIMS_JSON, QUIET, RUNS, CHAPTER_SOURCE, PRESET)}
+    os.environ[CLAIMS_JSON] = str(cpath)
+    os.environ[CHAPTER_SOURCE] = str(chapter.path)  # Claims reads the claim spec and findings there
+    os.environ[PRESET] = preset
+    os.environ[RUNS] = str(rpath)
+    os.environ[QUIET] = "1"
     log(f"running chapter {chapter.number} ({chapter.slug}) with {params or 'its defaults'} ...")
     start = time.perf_counter()
     error, retries = "", []
@@ -408,8 +415,6 @@ def versions() -> dict:
     import numpy
     import torch
 
-    from iclnb import __version__
-
     return {"iclnb": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
             "cuda": torch.cuda.is_available()}
@@ -445,94 +450,3 @@ def device_words(device="auto") -> str:
         return "unknown (torch did not answer)"
     return out.stdout.strip() or "unknown (torch did not answer)"
 
-
-def _training_words(runs: list[dict]) -> str:
-    """How a chapter's training runs trained, in words: CUDA graphs or eagerly, and why eagerly."""
-    if not runs:
-        return "It trained no model through the engine."
-    graphs = [x for x in runs if x.get("training") == "cuda graphs"]
-    cached = sum(bool(x.get("from_cache")) for x in runs)
-    devices = ", ".join(f"`{d}`" for d in sorted({x.get("device", "?") for x in runs}))
-    if all(str(x.get("device", "")).startswith("cpu") for x in runs):  # no CUDA graphs on a CPU
-        text = f"Training: {len(runs)} run(s) on {devices}, eagerly (CUDA graphs exist on GPUs only)"
-    else:
-        text = (f"Training: {len(runs)} run(s) on {devices}, {len(graphs)} in CUDA graphs and "
-                f"{len(runs) - len(graphs)} eagerly")
-    notes = sorted({x["training_note"] for x in runs if x.get("training_note")})
-    if notes:
-        text += " (" + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else "") + ")"
-    if graphs:
-        text += f"; CUDA graph capture {sum(x.get('capture_seconds', 0.0) for x in graphs):.1f} s in all"
-    if cached:
-        text += f"; {cached} loaded from the run cache (as the original run trained)"
-    if any("train_seconds" in x for x in runs):  # the $ICLNB_RUNS lines say how long training took
-        from iclnb.bookkit.book import training_line  # book imports this module
-
-        text += f"; {training_line(runs)}"
-    return text + "."
-
-
-def _md_row(cells) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-
-def _scorecard(results: list[Result]) -> list[str]:
-    """The book's scorecard (:func:`iclnb.bookkit.scorecard.scorecard_markdown`): per chapter and in
-    total, evidence strong / weak, sanity, findings by when they were declared, reports, claims not
-    attempted, and each evidence check's pass rate over seeds from its robustness record."""
-    from iclnb.bookkit.scorecard import scorecard_markdown
-
-    return [""] + scorecard_markdown([(r.chapter.title, r.chapter.slug, r.claims) for r in results if r.claims])
-
-
-def write_reproducibility_page(results: list[Result], smoke: bool = False) -> Path:
-    """The book's "Reproducibility" page: every chapter's claims, parameters, wall time, versions."""
-    v = versions()
-    lines = ["# Reproducibility", "",
-             "This page is written by `iclnb book` when it executes the chapters; it is the record of "
-             "the run that produced this copy of the book.", ""]
-    if smoke:
-        lines += ["```{warning}", "This build ran every chapter with its tiny **smoke** parameters: "
-                  "the claims were recorded but not enforced, and the numbers are not meaningful.", "```", ""]
-    lines += [f"Built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with iclnb {v['iclnb']}, "
-              f"torch {v['torch']}, numpy {v['numpy']}, Python {v['python']} on `{v['platform']}` "
-              f"(CUDA available: {v['cuda']}).", "",
-              "| chapter | wall time (s) | claims passed | claims failed | findings not reproduced "
-              "| not attempted | status |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in results:
-        lines.append(f"| {r.chapter.title} | {r.seconds:.1f} | {r.claims.get('passed', 0)} | "
-                     f"{r.claims_failed} | {r.claims.get('not_reproduced', 0)} | "
-                     f"{r.claims.get('not_attempted', 0)} | {r.status} |")
-    lines += _scorecard(results)
-    for r in results:
-        full = {p.name: p.default for p in r.chapter.parameters()} | r.parameters
-        changed = ", ".join(r.parameters) or "none (defaults)"
-        preset = f"the **{r.preset}** preset" if r.preset else "its defaults"
-        lines += ["", f"## {r.chapter.title}", "",
-                  f"Ran with {preset} on device `{full.get('device', 'n/a')}`, that is "
-                  f"{device_words(full.get('device', 'auto'))}. {_training_words(r.runs)} "
-                  f"Parameters (changed from the defaults: {changed}):", "", "```json", json.dumps(full, indent=1),
-                  "```", ""]
-        if r.error:
-            lines += [f"**Error:** {r.error}", ""]
-        rows = r.claims.get("claims", [])
-        if rows:
-            from iclnb.bookkit.scorecard import ClaimsTable
-
-            table = ClaimsTable(rows)  # the chapter's own columns; the scorecard above has the seeds
-            lines += [_md_row(table.HEADERS), "|" + " --- |" * len(table.HEADERS)]
-            lines += [_md_row(table._cells(c)) for c in rows]
-    REPRO_PAGE.write_text("\n".join(lines) + "\n")
-    return REPRO_PAGE
-
-
-def write_verdicts_page(results: list[Result]) -> Path:
-    """The book's "Verdicts" page (:func:`iclnb.bookkit.scorecard.verdicts_markdown`): every claim
-    of the three papers, grouped by paper and chapter, with its verdict, rival, pass rate over seeds
-    and paper-scale verdict; the first page after the introduction."""
-    from iclnb.bookkit.verdicts import verdicts_markdown
-
-    chapters = [(r.chapter.number, r.chapter.title, r.chapter.slug, r.claims) for r in results if r.claims]
-    VERDICTS_PAGE.write_text("\n".join(verdicts_markdown(chapters)) + "\n")
-    return VERDICTS_PAGE

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import html
 
-from iclnb.bookkit.claims import BASES, GROUP_OF, GROUPS, _fmt
-
-ROBUST = (4, 5)  # an evidence check holding at fewer than 4 of every 5 seeds is not evidence
+from iclnb.bookkit import records
+from iclnb.bookkit.claimspec import fmt
+from iclnb.bookkit.ledger import BASES, GROUP_OF, GROUPS
 
 
 def declaration_words(declared: str, commit: str = "") -> str:
@@ -32,13 +32,13 @@ def basis_words(r: dict) -> str:
     if basis not in BASES:
         return ""
     if basis == "mc" and r.get("se") is not None:
-        return f"Monte Carlo: {_fmt(r['se_multiple'])} × s.e. {_fmt(r['se'])}"
+        return f"Monte Carlo: {fmt(r['se_multiple'])} × s.e. {fmt(r['se'])}"
     if basis == "theory" and r.get("basis_ref"):
         return f"theory: {r['basis_ref']}"
     if basis == "paper" and r.get("basis_ref"):
         return f"the paper: {r['basis_ref']}"
     if basis == "paper" and r.get("paper") is not None:
-        return f"the paper's {_fmt(r['paper'])}"
+        return f"the paper's {fmt(r['paper'])}"
     return BASES[basis]
 
 
@@ -52,7 +52,7 @@ def is_own(r: dict) -> bool:
     return bool(r.get("own")) or (r.get("ref") or "").strip().lower() == "ours"
 
 
-def _condition_cell(r: dict) -> str:
+def condition_cell(r: dict) -> str:
     basis = basis_words(r)
     return f"{r['condition']} ({basis})" if basis and r["condition"] else r["condition"]
 
@@ -62,22 +62,22 @@ def _null_cell(r: dict) -> str:
         return ""
     tag = f"[{null_tag(r)}] " if r.get("null_kind") else ""
     if r.get("form") == "ordering":
-        return f"{tag}{r['null']}: {_fmt(r.get('null_value'))} (its own statistic)"
+        return f"{tag}{r['null']}: {fmt(r.get('null_value'))} (its own statistic)"
     verdict = "passes" if r.get("null_passed") else "fails"
-    return f"{tag}{r['null']}: {_fmt(r.get('null_value'))} ({verdict})"
+    return f"{tag}{r['null']}: {fmt(r.get('null_value'))} ({verdict})"
 
 
 def _paper_cell(r: dict) -> str:
     paper = r.get("paper")
     ref = r.get("ref") or ""
     own = "the book's own" + (f"; {ref}" if ref and ref.strip().lower() != "ours" else "")
-    return (own if is_own(r) else ref) + (f" (paper: {_fmt(paper)})" if paper is not None else "")
+    return (own if is_own(r) else ref) + (f" (paper: {fmt(paper)})" if paper is not None else "")
 
 
 def _measured_cell(r: dict) -> str:
     if r.get("kind") == "not_attempted":
         return r.get("note", "")
-    return f"{r['a']}: {_fmt(r['value'])}" if r.get("form") == "ordering" else _fmt(r["value"])
+    return f"{r['a']}: {fmt(r['value'])}" if r.get("form") == "ordering" else fmt(r["value"])
 
 
 class ClaimsTable:
@@ -90,8 +90,8 @@ class ClaimsTable:
     def __init__(self, rows: list[dict], enforced: bool = True, chapter: str | None = None):
         self.rows = rows
         self.enforced = enforced
-        self.records = _records([chapter])[chapter] if chapter else None
-        self.paper = _records([chapter], paper=True)[chapter] if chapter else None
+        self.records = records.records_of([chapter])[chapter] if chapter else None
+        self.paper = records.records_of([chapter], paper=True)[chapter] if chapter else None
 
     BASE_HEADERS = ("id", "claim", "measured", "threshold (its basis)",
                     "null ruled out [kind · strength]: its value", "result", "paper")
@@ -105,11 +105,11 @@ class ClaimsTable:
         return (*self.BASE_HEADERS, "over seeds (defaults)", paper_heading(self.paper[0]))
 
     def _cells(self, r: dict) -> list[str]:
-        cells = [r["id"], r["text"], _measured_cell(r), _condition_cell(r), _null_cell(r), r["status"],
+        cells = [r["id"], r["text"], _measured_cell(r), condition_cell(r), _null_cell(r), r["status"],
                  _paper_cell(r)]
         if self.records is not None:
             attempted = r.get("kind") in ("check", "finding", "sanity")
-            cells += [_seeds_cell(r, *self.records).replace("**", "") if attempted else "",
+            cells += [seeds_cell(r, *self.records).replace("**", "") if attempted else "",
                       paper_scale_cell(r["id"], *self.paper) if attempted else ""]
         return cells
 
@@ -191,17 +191,17 @@ class ClaimsTable:
                  else "the book's own" + (f" ({r['ref']})" if r.get("ref") and not is_own(r) else ""))
         claim = f"{r['id']}: {whose}"
         if headers == self.REPORT_HEADERS:
-            return [r["id"], r["text"], _fmt(r["value"]), r.get("ref") or ""]
+            return [r["id"], r["text"], fmt(r["value"]), r.get("ref") or ""]
         if r.get("kind") == "sanity":
-            return [f"{r['id']}: {r['text']}", _fmt(r["value"]), _condition_cell(r), r["status"]]
+            return [f"{r['id']}: {r['text']}", fmt(r["value"]), condition_cell(r), r["status"]]
         attempted = r.get("kind") != "not_attempted"
         rival = ""
         if attempted and r.get("null"):
-            rival = f"{r['null']} [{r.get('rival_kind', '')}]: {_fmt(r.get('null_value'))}"
-        measured = f"{r['text']}: {_fmt(r['value'])}" if attempted else r.get("note", "")
-        cells = [claim, r.get("question", ""), measured, _condition_cell(r) if attempted else "", rival, r["status"]]
+            rival = f"{r['null']} [{r.get('rival_kind', '')}]: {fmt(r.get('null_value'))}"
+        measured = f"{r['text']}: {fmt(r['value'])}" if attempted else r.get("note", "")
+        cells = [claim, r.get("question", ""), measured, condition_cell(r) if attempted else "", rival, r["status"]]
         if len(headers) > len(self.SPEC_HEADERS) + 1:
-            cells += [_seeds_cell(r, *self.records).replace("**", "") if attempted else "",
+            cells += [seeds_cell(r, *self.records).replace("**", "") if attempted else "",
                       paper_scale_cell(r["id"], *self.paper) if attempted else ""]
         changed = r.get("spec_commit") or ""
         return cells + [f"{changed} {r.get('spec_date') or ''}".strip()]
@@ -245,22 +245,8 @@ class ClaimsTable:
         return "".join(parts)
 
 
-def _md_row(cells) -> str:
+def md_row(cells) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-
-
-def _records(stems: list[str], paper: bool = False) -> dict:
-    """stem -> (robustness record or None, stale); with ``paper``, the paper-scale records
-    (``book/paper/``); no records at all when the module is missing."""
-    try:
-        from iclnb.bookkit.robustness import PAPER_RECORDS, RECORDS, is_stale, robustness_record
-    except ImportError:
-        return {s: (None, False) for s in stems}
-    out = {}
-    for s in stems:
-        rec = robustness_record(s, PAPER_RECORDS if paper else RECORDS)
-        out[s] = (rec, bool(rec) and bool(is_stale(rec)))
-    return out
 
 
 def paper_note(title: str, stem: str, rec: dict, stale: bool) -> str:
@@ -271,11 +257,10 @@ def paper_note(title: str, stem: str, rec: dict, stale: bool) -> str:
     speed = [t.get("steps_per_second") for t in rec.get("training") or [] if t.get("steps_per_second")]
     checks = [c for c in rec.get("claims", {}).values() if c.get("kind") == "check"]
     finds = [c for c in rec.get("claims", {}).values() if c.get("kind") == "finding"]
-    from iclnb.bookkit.robustness import pass_rate
-
     seeds = rec.get("seeds") or []
-    held = sum(robust(*pass_rate(c)) if len(seeds) > 1 else pass_rate(c)[0] == 1 for c in checks)
-    repro = sum(pass_rate(c)[0] > 0 for c in finds)
+    held = sum(records.robust(*records.pass_rate(c)) if len(seeds) > 1 else records.pass_rate(c)[0] == 1
+               for c in checks)
+    repro = sum(records.pass_rate(c)[0] > 0 for c in finds)
     text = (f"- {title} ({rec.get('scale', 'paper scale')}): seed(s) {', '.join(map(str, seeds))}; "
             f"training {' + '.join(f'{w / 60:.0f} min' for w in trains) or '?'} at "
             f"{' / '.join(f'{v:.0f}' for v in speed) or '?'} steps/s (this execution "
@@ -303,9 +288,13 @@ def paper_scale_cell(cid: str, rec: dict | None, stale: bool) -> str:
     c = rec.get("claims", {}).get(cid)
     if c is None:
         return "not in the record" + (" (stale)" if stale else "")
-    from iclnb.bookkit.robustness import holds
-
-    h, n = holds(c), len(rec.get("seeds") or [])
+    h, n = records.holds(c), len(rec.get("seeds") or [])
+    if any(c.get("status") or []) and c.get("kind") in ("check", "finding", "sanity"):  # verdicts in words
+        counts = records.verdict_counts(c)
+        value = (c.get("values") or [None])[0]
+        text = (counts[0][0] + ("" if value is None else f" ({fmt(value)})") if n == 1 else
+                "; ".join(f"{v} at {k}" for v, k in counts) + f" of {n} seeds")
+        return text + (" (stale)" if stale else "")
     finding = c.get("kind") == "finding"
     yes, no = ("reproduced", "not reproduced") if finding else ("holds", "fails")
     if all(x is None for x in h) and c.get("kind") not in ("check", "finding", "sanity"):
@@ -314,53 +303,28 @@ def paper_scale_cell(cid: str, rec: dict | None, stale: bool) -> str:
         value = (c.get("values") or [None])[0]
         rival = c.get("null_passed") or [None]
         word = yes if h[0] else (no + (": rival passes" if (c.get("passed") or [None])[0] and rival[0] else ""))
-        text = word + ("" if value is None else f" ({_fmt(value)})")
+        text = word + ("" if value is None else f" ({fmt(value)})")
     else:
         text = f"{yes} at {sum(x is True for x in h)} of {n} seeds"
     return text + (" (stale)" if stale else "")
 
 
-def seed_passes(rec: dict | None, cid: str) -> tuple[int, int] | None:
-    """(seeds at which the claim holds, seeds run) from a robustness record; None when the record
-    or the claim is missing. A seed holds when its value passes and its null does not; a seed the
-    record has no verdict for counts as not holding."""
-    c = (rec or {}).get("claims", {}).get(cid)
-    if c is None:
-        return None
-    passed = list(c.get("passed") or [])
-    nulls = list(c.get("null_passed") or []) + [None] * len(passed)
-    n = len(rec.get("seeds") or passed)
-    return sum(bool(p) and not q for p, q in zip(passed, nulls)), n
-
-
-def robust(k: int, n: int) -> bool:
-    """Whether holding at ``k`` of ``n`` seeds is evidence (at least 4 of every 5)."""
-    return n > 0 and ROBUST[1] * k >= ROBUST[0] * n
-
-
-def _bare(status) -> str:
-    """A verdict without "(not enforced)", in today's words (records of 2026-11-27 before 381494d
-    said "(declared a finding: its declaration is out of date)" for "(a declared finding)")."""
-    return (str(status).replace(" (not enforced)", "")
-            .replace(" (declared a finding: its declaration is out of date)", " (a declared finding)"))
-
-
-def _seeds_cell(r: dict, rec, stale: bool) -> str:
+def seeds_cell(r: dict, rec, stale: bool) -> str:
     """A claim's pass rate over the seeds of its robustness record; for a claim of a chapter's
     spec, the seeds that reach this run's verdict ("holds, shared with ..." counts as itself)."""
     if rec is None:
         return "no record"
-    kn = seed_passes(rec, r["id"])
+    kn = records.seed_passes(rec, r["id"])
     if kn is None:
         return "not in the record"
     if r.get("question"):
-        verdict = _bare(r["status"])
-        statuses = [_bare(x) for x in (rec["claims"][r["id"]].get("status") or [])]
+        verdict = records.bare_status(r["status"])
+        statuses = [records.bare_status(x) for x in (rec["claims"][r["id"]].get("status") or [])]
         kn = (sum(x == verdict for x in statuses), kn[1])
         text = f"{'shared' if verdict.startswith('holds, shared') else verdict} at {kn[0]} of {kn[1]}"
     else:
         text = f"{kn[0]} of {kn[1]}"
-    text += " **not robust**" if r["kind"] == "check" and not robust(*kn) else ""
+    text += " **not robust**" if r["kind"] == "check" and not records.robust(*kn) else ""
     return text + (" (stale)" if stale else "")
 
 
@@ -397,7 +361,7 @@ def margins_cell(r: dict, rec: dict | None) -> str:
 
     def span(xs):
         ms = [m for m in (_margin(x, t, op) for x, t in zip(xs, thresholds)) if m is not None]
-        return "" if not ms else f"{_fmt(min(ms))} to {_fmt(max(ms))}" if len(ms) > 1 else _fmt(ms[0])
+        return "" if not ms else f"{fmt(min(ms))} to {fmt(max(ms))}" if len(ms) > 1 else fmt(ms[0])
 
     rival = span(rivals) if r.get("form") != "ordering" else "(its threshold)"
     return f"{span(values)}; {rival}"
@@ -436,8 +400,8 @@ def _counts(data: dict) -> list[int]:
 def _robust_count(data: dict, rec) -> tuple[int, int] | None:
     if rec is None:
         return None
-    kns = [seed_passes(rec, r["id"]) for r in data.get("claims", []) if r.get("kind") == "check"]
-    return sum(kn is not None and robust(*kn) for kn in kns), len(kns)
+    kns = [records.seed_passes(rec, r["id"]) for r in data.get("claims", []) if r.get("kind") == "check"]
+    return sum(kn is not None and records.robust(*kn) for kn in kns), len(kns)
 
 
 def _has_evidence(data: dict) -> bool:
@@ -450,12 +414,12 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
     ``chapters``: ``(title, stem, claims JSON dict)`` for every chapter, in book order; the pass
     rates over seeds come from ``iclnb.bookkit.robustness.robustness_record(stem)`` ("no record"
     when the module or the record is missing; "stale" when ``is_stale(record)``)."""
-    records = _records([stem for _, stem, _ in chapters])
-    papers = _records([stem for _, stem, _ in chapters], paper=True)
+    recs = records.records_of([stem for _, stem, _ in chapters])
+    papers = records.records_of([stem for _, stem, _ in chapters], paper=True)
     summary, total, robust_total, claim_rows, notes = [], [0] * 8, [0, 0], [], []  # 8: the count columns
     paper_notes = []
     for title, stem, data in chapters:
-        rec, stale = records[stem]
+        rec, stale = recs[stem]
         prec, pstale = papers[stem]
         if prec is not None:
             paper_notes.append(paper_note(title, stem, prec, pstale))
@@ -482,14 +446,14 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
             paper = r.get("paper")
             claim_rows.append([title, r["id"], r["text"], "the book's own" if is_own(r) else "the paper's",
                                question_tag(r), basis_words(r), _verdict_cell(r),
-                               _seeds_cell(r, rec, stale) if attempted else "",
+                               seeds_cell(r, rec, stale) if attempted else "",
                                margins_cell(r, rec) if attempted else "",
                                paper_scale_cell(r["id"], prec, pstale) if attempted else "",
-                               r.get("ref", ""), "" if paper is None else _fmt(paper), _measured_cell(r),
-                               _fmt(r.get("null_value")) if attempted else ""])
+                               r.get("ref", ""), "" if paper is None else fmt(paper), _measured_cell(r),
+                               fmt(r.get("null_value")) if attempted else ""])
     if not chapters:
         return []
-    missing = sum(records[stem][0] is None and _has_evidence(data) for _, stem, data in chapters)
+    missing = sum(recs[stem][0] is None and _has_evidence(data) for _, stem, data in chapters)
     summary.append(["**all chapters**", *total, "no record" if not robust_total[1] else
                     f"{robust_total[0]} of {robust_total[1]}" + (f" ({missing} chapter(s) without a record)"
                                                                  if missing else "")])
@@ -504,12 +468,12 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
              "measures and does not see reproduce (**not reproduced**), never enforced, dated by its "
              "declaration. The pass rate over seeds comes from the chapter run at each seed at its defaults; an "
              "evidence check that holds at fewer than 4 of 5 seeds is marked **not robust**.", "",
-             _md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
-            + [_md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
+             md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
+            + [md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
             + ["", "### Paper scale", "",
                "Each chapter whose `paper` preset differs from its defaults run at that preset "
                "(`iclnb robustness CH --preset paper`; claims recorded, not enforced). Chapters 4 and 5 "
                "have no paper settings to match, so their preset is the book's own larger run.", ""]
             + (paper_notes or ["No paper-scale records yet."])
-            + ["", "### Every claim in scope", "", _md_row(CLAIM_HEADERS), "|" + " --- |" * len(CLAIM_HEADERS)]
-            + [_md_row(row) for row in claim_rows])
+            + ["", "### Every claim in scope", "", md_row(CLAIM_HEADERS), "|" + " --- |" * len(CLAIM_HEADERS)]
+            + [md_row(row) for row in claim_rows])

@@ -41,8 +41,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+
 from iclnb.bookkit import runner
-from iclnb.bookkit.progress import _clock
+from iclnb.bookkit.plotting import use_style
+from iclnb.bookkit.progress import clock
+from iclnb.bookkit.records import source_sha256
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,6 @@ def execute(chapter: runner.Chapter, params: dict, preset: str | None, out: str,
               "runs": r.runs}
     _write_json(out / f"{name}.json", record)
     return record
-
-
-def source_sha256(path: Path) -> str:
-    """The SHA-256 of a chapter source's bytes (a run records the source it executed)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _finished(path: Path, source: str) -> dict | None:
@@ -283,7 +282,7 @@ def sweep(chapter_spec: str | int | runner.Chapter, grid: dict, preset: str | No
                 records[r.name] = rec
                 failed += bool(rec["error"])
                 retried = len(rec.get("kernel_retries") or [])
-                log(f"[{_clock(time.perf_counter() - start)}] {i}/{len(todo)} done, {failed} failed, "
+                log(f"[{clock(time.perf_counter() - start)}] {i}/{len(todo)} done, {failed} failed, "
                     f"{len(todo) - i} remaining: {r.name} {_state(rec)} ({rec['seconds']:.0f} s"
                     + (f"; its kernel failed to start {retried} time(s) and was started again)" if retried else ")"))
         finally:
@@ -311,10 +310,6 @@ def plot_metric(table, claim: str, x: str, by: str | None = None, ax=None, logx:
                 logy: bool = False):
     """Plot a recorded claim's value (a metric, a check's measured value) against the swept
     parameter ``x``, one line per value of ``by``; ``table``: rows or a path to ``sweep.csv``."""
-    import matplotlib.pyplot as plt
-
-    from iclnb.bookkit.plotting import use_style
-
     rows = read_table(table) if isinstance(table, (str, os.PathLike)) else table
     rows = [r for r in rows if r["claim"] == claim and isinstance(r["value"], (int, float))
             and not isinstance(r["value"], bool)]

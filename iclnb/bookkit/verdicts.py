@@ -1,22 +1,22 @@
 """What a reader sees first of each verdict: the verdict box that ends a chapter's section, the
 paper-scale record in words, and the book's Verdicts page (every claim of the three papers, one
-row each). Built on the scorecard's cells and the records of :mod:`iclnb.bookkit.robustness`."""
+row each). Built on the scorecard's cells and the records (:mod:`iclnb.bookkit.records`)."""
 
 from __future__ import annotations
 
 import html
 
-from iclnb.bookkit.claims import _fmt
+from iclnb.bookkit import records
+from iclnb.bookkit.claimspec import chapter_source, fmt, front_matter, load_spec
 from iclnb.bookkit.scorecard import (
-    _condition_cell,
-    _md_row,
-    _records,
-    _seeds_cell,
     basis_words,
+    condition_cell,
     declaration_words,
     is_own,
+    md_row,
     paper_heading,
     paper_scale_cell,
+    seeds_cell,
 )
 
 
@@ -49,10 +49,8 @@ def paper_scale_words(chapter: str, findings: list[str] | tuple | None = None) -
     chapter's ``iclnb: findings:``), so the text can say which of them hold at paper scale. Read from the
     committed record (``book/paper/<chapter>.json``); says so when there is none, and when the
     chapter's source changed since it was written (stale)."""
-    rec, stale = _records([chapter], paper=True)[chapter]
+    rec, stale = records.records_of([chapter], paper=True)[chapter]
     if findings is None:  # the front matter's findings and the claim spec's, at the defaults
-        from iclnb.bookkit.claimspec import chapter_source, front_matter, load_spec
-
         source = chapter_source(chapter)
         findings = [] if source is None else [
             *((front_matter(source).get("iclnb") or {}).get("findings") or {}),
@@ -107,8 +105,8 @@ class VerdictBox:
 
     def __init__(self, row: dict, chapter: str | None = None, how: str = ""):
         self.row, self.how = row, how
-        self.records = _records([chapter])[chapter] if chapter else (None, False)
-        self.paper = _records([chapter], paper=True)[chapter] if chapter else (None, False)
+        self.records = records.records_of([chapter])[chapter] if chapter else (None, False)
+        self.paper = records.records_of([chapter], paper=True)[chapter] if chapter else (None, False)
 
     def lines(self) -> tuple[str, list[str], list[str]]:
         """(verdict, the box's lines, the methodology's lines), as plain text."""
@@ -118,14 +116,14 @@ class VerdictBox:
         attempted = r.get("kind") not in ("not_attempted", "report")
         lines = [whose]
         if attempted:
-            lines.append(f"Measured: {r['text']} = {_fmt(r['value'])}; threshold {_condition_cell(r)}")
+            lines.append(f"Measured: {r['text']} = {fmt(r['value'])}; threshold {condition_cell(r)}")
             if r.get("null"):
                 lines.append(f"Rival ({r.get('rival_kind') or r.get('null_kind', '')}): {r['null']} = "
-                             f"{_fmt(r.get('null_value'))}")
-            lines.append(f"Over seeds at the defaults: {_seeds_cell(r, *self.records).replace('**', '')}; "
+                             f"{fmt(r.get('null_value'))}")
+            lines.append(f"Over seeds at the defaults: {seeds_cell(r, *self.records).replace('**', '')}; "
                          f"{paper_heading(self.paper[0])}: {paper_scale_cell(r['id'], *self.paper)}")
         elif r.get("kind") == "report":
-            lines.append(f"Reported (no verdict): {r['text']} = {_fmt(r['value'])}")
+            lines.append(f"Reported (no verdict): {r['text']} = {fmt(r['value'])}")
         elif r.get("note"):
             lines.append(r["note"])
         how = [self.how] if self.how else []
@@ -191,8 +189,8 @@ def verdicts_markdown(chapters: list[tuple[int, str, str, dict]]) -> list[str]:
     A claim measured from its chapter's spec reads in the spec's vocabulary (holds; holds (effect
     only); holds, shared with <rival>; fails; not reproduced; not attempted); one of a chapter
     not yet converted to a spec says "older vocabulary"."""
-    records = _records([stem for _, _, stem, _ in chapters])
-    papers = _records([stem for _, _, stem, _ in chapters], paper=True)
+    recs = records.records_of([stem for _, _, stem, _ in chapters])
+    papers = records.records_of([stem for _, _, stem, _ in chapters], paper=True)
     lines = ["# Verdicts", "",
              "Every claim of the three papers the book tests, one row each: what the paper says, the question "
              "the claim answers, the verdict at the chapter's defaults, the rival it was measured against, how "
@@ -220,18 +218,18 @@ def verdicts_markdown(chapters: list[tuple[int, str, str, dict]]) -> list[str]:
         for n in present:
             title, stem, data = by_number[n]
             rows = [r for r in data.get("claims", []) if r.get("kind") in ("check", "finding", "not_attempted")]
-            lines += [f"### {title}", "", _md_row(VERDICT_HEADERS), "|" + " --- |" * len(VERDICT_HEADERS)]
-            rec, stale = records[stem]
+            lines += [f"### {title}", "", md_row(VERDICT_HEADERS), "|" + " --- |" * len(VERDICT_HEADERS)]
+            rec, stale = recs[stem]
             prec, pstale = papers[stem]
             for r in rows:
                 attempted = r["kind"] != "not_attempted"
                 whose = (f"“{r['quote']}” ({r.get('ref', '')})" if r.get("quote") else
                          f"the book's own: {r['text']}" if is_own(r) else f"{r['text']} ({r.get('ref', '')})")
-                rival = (f"{r['null']} [{r.get('rival_kind') or r.get('null_kind', '')}]: {_fmt(r.get('null_value'))}"
+                rival = (f"{r['null']} [{r.get('rival_kind') or r.get('null_kind', '')}]: {fmt(r.get('null_value'))}"
                          if attempted and r.get("null") else "")
                 verdict = r["status"] if r.get("question") else _old_verdict(r)
-                lines.append(_md_row([f"`{r['id']}`: {whose}", r.get("question", ""), f"**{verdict}**", rival,
-                                      _seeds_cell(r, rec, stale).replace("**", "") if attempted else "",
+                lines.append(md_row([f"`{r['id']}`: {whose}", r.get("question", ""), f"**{verdict}**", rival,
+                                      seeds_cell(r, rec, stale).replace("**", "") if attempted else "",
                                       paper_scale_cell(r["id"], prec, pstale) if attempted else "",
                                       f"{{doc}}`chapter {n} <chapters/{stem}>`"]))
             lines.append("")
