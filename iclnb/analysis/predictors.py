@@ -118,7 +118,7 @@ def ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, lam: float
 
 
 # --------------------------------------------------------------------------- kernel regressors
-def _vec(a, ref: torch.Tensor) -> torch.Tensor:
+def as_vector(a, ref: torch.Tensor) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
         t = a.detach().to(device=ref.device, dtype=ref.dtype)
     else:
@@ -132,21 +132,21 @@ def kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega
     ``omega`` and ``mu`` are length-H sequences / arrays / tensors (or scalars for one head); with
     T outputs (y (B,n,T)) ``mu`` is (H, T): head h weighs label t by mu_h,t, giving (B,T).
     """
-    om = _vec(omega, X)
+    om = as_vector(omega, X)
     s = torch.einsum("bnd,bd->bn", X, xq)  # (B,n)
     att = torch.softmax(om[None, :, None] * s[:, None, :], dim=-1)  # (B,H,n)
     if y.dim() == X.dim():  # T outputs
-        m = _vec(mu, X).view(om.numel(), -1)
+        m = as_vector(mu, X).view(om.numel(), -1)
         check("mu", tuple(m.shape), m.shape == (om.numel(), y.shape[-1]), f"(H, T) = ({om.numel()}, {y.shape[-1]})")
         return torch.einsum("ht,bhn,bnt->bt", m, att, y)
-    m = _vec(mu, X)
+    m = as_vector(mu, X)
     if om.shape != m.shape:
         raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return torch.einsum("h,bhn,bn->b", m, att, y)
 
 
 # --------------------------------------------------------------------------- Monte Carlo
-def _chunk(chunk, n: int) -> int:
+def chunk_size(chunk, n: int) -> int:
     """Prompts per chunk: ``chunk`` if given, else about a million context tokens per chunk."""
     if chunk is None:
         return max(256, 1_000_000 // max(int(n), 1))
@@ -154,7 +154,7 @@ def _chunk(chunk, n: int) -> int:
     return int(chunk)
 
 
-def _batches(task: Task, prompts, num_prompts, chunk, generator, device, dtype):
+def prompt_batches(task: Task, prompts, num_prompts, chunk, generator, device, dtype):
     """Chunks of given prompts, or freshly sampled chunks (generated lazily, to bound memory)."""
     if prompts is not None:
         if prompts.Z.shape[-2] != task.n or prompts.xq.shape[-1] != task.d:
@@ -172,7 +172,7 @@ def _batches(task: Task, prompts, num_prompts, chunk, generator, device, dtype):
         left -= b
 
 
-def _finish(errs: list, return_se: bool):
+def risk_and_se(errs: list, return_se: bool):
     e = torch.cat(errs, dim=-1).numpy()
     risk = e.mean(axis=-1)
     se = e.std(axis=-1, ddof=1) / math.sqrt(e.shape[-1])
@@ -181,7 +181,7 @@ def _finish(errs: list, return_se: bool):
     return (risk, se) if return_se else risk
 
 
-def _sq_err(yhat, yq, outputs: int = 1, per_output: bool = False) -> torch.Tensor:
+def sq_errors(yhat, yq, outputs: int = 1, per_output: bool = False) -> torch.Tensor:
     """Squared errors (..., B), averaged over the T = ``outputs`` label slots of multi-output
     targets (..., B, T); with ``per_output`` one row per slot, (..., T, B)."""
     e = (yhat - yq) ** 2
@@ -234,18 +234,18 @@ def mc_risk(
             check("prompts", prompts, prompts is None, "None with a list of tasks (they are drawn per member)")
             check_int("num_prompts", num_prompts, 2)
             gens = [generator(seed, stream, k, device=device) for k in range(len(tasks))]
-            size, left = _chunk(chunk, tasks[0].n), int(num_prompts)
+            size, left = chunk_size(chunk, tasks[0].n), int(num_prompts)
             while left > 0:
                 p = sample_members(tasks, min(size, left), gens, device, dtype)
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
+                    errs[k].append(sq_errors(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
                 left -= min(size, left)
         else:
             g = None if prompts is not None else generator(seed, stream, device=device)
-            for p in _batches(task, prompts, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+            for p in prompt_batches(task, prompts, num_prompts, chunk_size(chunk, task.n), g, device, dtype):
                 for k, f in fns.items():
-                    errs[k].append(_sq_err(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
-    out = {k: _finish(e, return_se) for k, e in errs.items()}
+                    errs[k].append(sq_errors(f(p.X, p.y, p.xq), p.yq, outputs, per_output))
+    out = {k: risk_and_se(e, return_se) for k, e in errs.items()}
     return out[None] if None in out else out
 
 
@@ -306,13 +306,13 @@ def risk_curve(
         fns = {k: (f(n) if isinstance(f, ByLength) else f) for k, f in predictors.items()}
         errs = {k: [] for k in names}
         with torch.no_grad():
-            for p in _batches(t, None, num_prompts, _chunk(chunk, n), g, device, dtype):
+            for p in prompt_batches(t, None, num_prompts, chunk_size(chunk, n), g, device, dtype):
                 for k in names:
-                    errs[k].append(_sq_err(fns[k](p.X, p.y, p.xq), p.yq, t.outputs))
+                    errs[k].append(sq_errors(fns[k](p.X, p.y, p.xq), p.yq, t.outputs))
         for a, b in pairs:
             errs[f"{a}-{b}"] = [ea - eb for ea, eb in zip(errs[a], errs[b])]
         for k in keys:
-            r, se = _finish(errs[k], True)
+            r, se = risk_and_se(errs[k], True)
             risks[k].append(r)
             ses[k].append(se)
     out = {"n": np.asarray(lengths)}

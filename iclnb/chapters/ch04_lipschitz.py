@@ -28,12 +28,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from scipy.stats import rankdata
 
 from iclnb.analysis.predictors import mc_risk
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
 from iclnb.engine.util import (
-    _average_ranks,
     check,
     check_int,
     check_ints,
@@ -235,7 +235,7 @@ def _rank_distribution(x, y, num: int, seed: int) -> tuple[np.ndarray, np.ndarra
     """The values and probabilities of rank_correlation(x, y[perm]) over the orderings of y: every
     permutation when there are at most 8! of them, else ``num`` random ones (seeded)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
-    rx, ry = _average_ranks(x), _average_ranks(y)  # as rank_correlation ranks
+    rx, ry = rankdata(x) - 1.0, rankdata(y) - 1.0  # 0-based average ranks, as rank_correlation's
     rx, ry = rx - rx.mean(), ry - ry.mean()
     den = float(np.sqrt((rx @ rx) * (ry @ ry)))
     if len(y) <= 8:

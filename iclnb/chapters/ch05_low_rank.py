@@ -34,8 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from iclnb.analysis.predictors import _batches, _chunk, _finish, _sq_err
-from iclnb.engine.activations import _np
+from iclnb.analysis.arrays import to_numpy
+from iclnb.analysis.predictors import chunk_size, prompt_batches, risk_and_se, sq_errors
 from iclnb.engine.readout import proportional_error
 from iclnb.engine.tasks import Task
 from iclnb.engine.util import check, generator
@@ -44,7 +44,7 @@ from iclnb.engine.util import check, generator
 def top_eigenspace(M, k: int) -> np.ndarray:
     """An orthonormal basis (d, k) of the eigenvectors of the symmetric part (M + M^T) / 2 with
     the k largest |eigenvalues|."""
-    M = _np(M)
+    M = to_numpy(M)
     check("k", k, isinstance(k, int) and 1 <= k <= M.shape[-1], f"an integer in [1, {M.shape[-1]}]")
     e, V = np.linalg.eigh((M + M.T) / 2)
     return V[:, np.argsort(-np.abs(e), kind="stable")[:k]]
@@ -53,7 +53,7 @@ def top_eigenspace(M, k: int) -> np.ndarray:
 def top_singular_spaces(M, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal bases (d, k) of the top-k left and right singular subspaces of M itself (for
     a symmetric M both are the eigenspace of the k largest |eigenvalues|)."""
-    M = _np(M)
+    M = to_numpy(M)
     check("k", k, isinstance(k, int) and 1 <= k <= M.shape[-1], f"an integer in [1, {M.shape[-1]}]")
     U, _, Vt = np.linalg.svd(M)
     return U[:, :k], Vt[:k].T
@@ -76,14 +76,14 @@ def principal_angles(M, U) -> np.ndarray:
 
 def symmetric_part(M) -> np.ndarray:
     """M_s = (M + M^T) / 2 of a matrix (d, d) or a stack (..., d, d)."""
-    M = _np(M)
+    M = to_numpy(M)
     return (M + np.swapaxes(M, -1, -2)) / 2
 
 
 def antisymmetric_fraction(M) -> float:
     """|M_a|_F / |M|_F with M_a = (M - M^T) / 2: the share of M the symmetric part leaves out
     (0 for a symmetric M). The scores x_i^T M x_q pair distinct points, so M_a does change them."""
-    M = _np(M)
+    M = to_numpy(M)
     norm = float(np.linalg.norm(M))
     return float(np.linalg.norm((M - M.T) / 2)) / norm if norm > 0 else float("nan")
 
@@ -91,7 +91,7 @@ def antisymmetric_fraction(M) -> float:
 def _orthonormal(U) -> np.ndarray:
     """An orthonormal basis (d, k) of col(U) (U (d, k) or a vector (d,)): U itself when its
     columns are orthonormal already, else its Q factor."""
-    U = _np(U)
+    U = to_numpy(U)
     U = U.reshape(-1, 1) if U.ndim == 1 else U
     if np.allclose(U.T @ U, np.eye(U.shape[1]), atol=1e-10):
         return U
@@ -102,7 +102,7 @@ def subspace_ratio(M, U) -> float:
     """rho(M, U) = |P_perp M P_perp|_F / |U^T M U|_F on M itself, P_perp the projector onto
     col(U)^perp (U (d, k), any basis): the weight the window puts outside col(U) against the
     weight inside (0: M = U C U^T; sqrt((d - k) / k) for M = w I)."""
-    M, U = _np(M), _orthonormal(U)
+    M, U = to_numpy(M), _orthonormal(U)
     P = np.eye(M.shape[-1]) - U @ U.T
     inside = float(np.linalg.norm(U.T @ M @ U))
     return float(np.linalg.norm(P @ M @ P)) / inside if inside > 0 else float("inf")
@@ -112,7 +112,7 @@ def cross_ratio(M, U) -> float:
     """(|U^T M P_perp|_F + |P_perp M U|_F) / |U^T M U|_F: the cross blocks between col(U) and its
     complement against the block inside, which :func:`subspace_ratio` does not read (they tilt the
     top singular subspaces, :func:`principal_angles`)."""
-    M, U = _np(M), _orthonormal(U)
+    M, U = to_numpy(M), _orthonormal(U)
     P = np.eye(M.shape[-1]) - U @ U.T
     inside = float(np.linalg.norm(U.T @ M @ U))
     cross = float(np.linalg.norm(U.T @ M @ P) + np.linalg.norm(P @ M @ U))
@@ -127,7 +127,7 @@ def train_from_window(tasks, M0, steps: int, batch: int, lr: float, seed: int = 
     unit) on the squared error, as the engine trains the unit from its small random init (whose
     start it cannot set). Small runs only: a plain loop, not cached. Returns ``steps`` (T,) and
     ``M`` (T, K, d, d), the logged matrices (the start included)."""
-    e, V = np.linalg.eigh(_np(M0))
+    e, V = np.linalg.eigh(to_numpy(M0))
     check("M0", float(e.min()), e.min() > 0, "a symmetric positive definite matrix")
     root = torch.as_tensor(V @ np.diag(np.sqrt(e)) @ V.T, dtype=torch.float32, device=device)
     MK, MQ = (root.repeat(len(tasks), 1, 1).requires_grad_() for _ in range(2))
@@ -158,7 +158,7 @@ def projector_fit(M, U) -> tuple[float, float]:
     Frobenius norm, c = tr(U^T M U) / k, and the relative error e = |M - c U U^T|_F / |M|_F, on M
     itself (0: M = c U U^T, c of either sign; sqrt((d - k) / d) for M = w I)."""
     U = _orthonormal(U)
-    return proportional_error(_np(M), U @ U.T)
+    return proportional_error(to_numpy(M), U @ U.T)
 
 
 def col_block(M, U) -> np.ndarray:
@@ -166,7 +166,7 @@ def col_block(M, U) -> np.ndarray:
     outside col(U) (and across) removed."""
     U = _orthonormal(U)
     P = U @ U.T
-    return P @ _np(M) @ P
+    return P @ to_numpy(M) @ P
 
 
 def reflect(M, U) -> np.ndarray:
@@ -174,7 +174,7 @@ def reflect(M, U) -> np.ndarray:
     reflected through col(U)^perp. For an even link of w^T x, w in col(U), those points have the
     same distribution and the same labels, so the two windows have the same risk."""
     U = _orthonormal(U)
-    M = _np(M)
+    M = to_numpy(M)
     return M - 2 * U @ (U.T @ M)
 
 
@@ -192,7 +192,7 @@ def aligned(M, U) -> np.ndarray:
     for a matrix (d, d) or a stack (..., d, d) of M itself: a recovered subspace shows as one
     k x k block."""
     Q = aligned_basis(U)
-    return Q.T @ _np(M) @ Q
+    return Q.T @ to_numpy(M) @ Q
 
 
 def recovery(M, U) -> dict:
@@ -202,7 +202,7 @@ def recovery(M, U) -> dict:
     (:func:`projector_fit`), ``norm`` |M|_F, ``asym`` (:func:`antisymmetric_fraction`) and
     ``rho_sym`` the rho of the symmetric part alone. Floats for one matrix, arrays (T,) for a
     stack."""
-    M = _np(M)
+    M = to_numpy(M)
     stack = M if M.ndim == 3 else M[None]
     rows = [(subspace_ratio(m, U), float(np.degrees(principal_angles(m, U)[-1])), *projector_fit(m, U),
              float(np.linalg.norm(m)), antisymmetric_fraction(m), subspace_ratio(symmetric_part(m), U))
@@ -242,14 +242,14 @@ def draw_prompts(task: Task, num_prompts: int = 10_000, seed: int = 0, stream="e
     :func:`squared_errors` draws with the same arguments."""
     check("task", type(task).__name__, isinstance(task, Task), "an iclnb.engine.tasks.Task")
     g = generator(seed, *(stream if isinstance(stream, tuple) else (stream,)), device=device)
-    return list(_batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype))
+    return list(prompt_batches(task, None, num_prompts, chunk_size(chunk, task.n), g, device, dtype))
 
 
 def errors_on(predict: Callable, prompts: list, outputs: int = 1) -> np.ndarray:
     """Per-prompt squared errors (y_hat - y_q)^2 of ``predict`` (X, y, xq) -> y_hat on the chunks
     ``prompts`` (:func:`draw_prompts`): numpy (P,), or (S, P) for a family of S predictors."""
     with torch.no_grad():
-        return torch.cat([_sq_err(predict(p.X, p.y, p.xq), p.yq, outputs) for p in prompts], dim=-1).numpy()
+        return torch.cat([sq_errors(predict(p.X, p.y, p.xq), p.yq, outputs) for p in prompts], dim=-1).numpy()
 
 
 def squared_errors(predictors: dict, task: Task, num_prompts: int = 10_000, seed: int = 0, stream="errors",
@@ -292,7 +292,7 @@ def best_scale(direction, prompts: list, scales, linear: bool = False, iters: in
     so it flatters the family a little (by its selection noise)."""
     scales = np.sort(np.asarray(scales, dtype=np.float64))
     check("scales", scales.shape, scales.ndim == 1 and scales.size >= 3, "a grid of at least 3 scales")
-    D = _np(direction).astype(np.float64)
+    D = to_numpy(direction).astype(np.float64)
 
     def risk(s):
         return float(errors_on(kernel_predict(s * D, linear=linear), prompts).mean())
@@ -402,12 +402,12 @@ def kernel_loss_slope(M, direction, task: Task, num_prompts: int = 20_000, seed:
     Mt, Dt = (torch.as_tensor(np.asarray(a), dtype=dtype, device=device) for a in (M, direction))
     out = []
     with torch.no_grad():
-        for p in _batches(task, None, num_prompts, _chunk(chunk, task.n), g, device, dtype):
+        for p in prompt_batches(task, None, num_prompts, chunk_size(chunk, task.n), g, device, dtype):
             p_i = torch.softmax((p.X @ (p.xq @ Mt.T).unsqueeze(-1))[..., 0], -1)
             ds = (p.X @ (p.xq @ Dt.T).unsqueeze(-1))[..., 0]
             yhat = (p_i * p.y).sum(-1)
             out.append((2 * (yhat - p.yq) * (p_i * (p.y - yhat[:, None]) * ds).sum(-1)).to("cpu", torch.float64))
-    r, se = _finish(out, True)
+    r, se = risk_and_se(out, True)
     return float(r), float(se)
 
 

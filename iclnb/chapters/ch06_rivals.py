@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from iclnb.chapters.ch06_superposition import _features, head_label, noiseless_target
+from iclnb.chapters.ch06_superposition import head_label, noiseless_target, prompt_features
 from iclnb.engine.util import check, check_int
 
 # mu of the no-opposite-sign arrangement, times a scale: a shared head, one head per task
@@ -32,7 +32,7 @@ def isotropic_step(prompts) -> float:
     """The least-squares best single step c of debiased GD with the preconditioner c 1 (the same
     for every coordinate and task) on ``prompts``: the predictor that ignores the supports and does
     not weigh the overlap."""
-    f = _features(prompts.X.double(), prompts.y.double(), prompts.xq.double()).sum(-1)  # (B,T)
+    f = prompt_features(prompts.X.double(), prompts.y.double(), prompts.xq.double()).sum(-1)  # (B,T)
     return float((f * prompts.yq.double()).sum() / (f * f).sum())
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from iclnb.analysis.circuits import mu_balance
-from iclnb.analysis.predictors import _vec, debiased_gd_optimal_step, debiased_gd_risk, ridge_predict
+from iclnb.analysis.predictors import as_vector, debiased_gd_optimal_step, debiased_gd_risk, ridge_predict
 from iclnb.engine.util import check, check_int, is_real
 
 MODES = ("I", "II", "III", "IV", "other")
@@ -66,7 +66,7 @@ def effective_preconditioner(omega_pc, mu) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- predictors
-def _features(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+def prompt_features(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     """f (B,T,d): f_btj = (1/n) sum_i y_it (x_ij - x_bar_j) x_qj, so that debiased GD with the
     diagonal preconditioner w_t predicts y_hat_t = f_bt . w_t (linear in w)."""
     n = X.shape[-2]
@@ -83,7 +83,7 @@ def preconditioned_dgd_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tenso
     W = W.to(device=X.device, dtype=X.dtype)
     check("w", tuple(W.shape), W.shape in ((X.shape[-1],), (y.shape[-1], X.shape[-1])),
           f"({X.shape[-1]},) or ({y.shape[-1]}, {X.shape[-1]})")
-    f = _features(X, y, xq)
+    f = prompt_features(X, y, xq)
     return (f * W).sum(-1)
 
 
@@ -92,7 +92,7 @@ def fit_preconditioner(prompts, shared: bool = True) -> np.ndarray:
     ``prompts`` (multi-output :class:`~iclnb.engine.tasks.Prompts`): w (d,) minimising the squared error
     summed over the tasks (``shared``) or w (T,d), one per task. Fit on one prompt stream and
     measure on another: the fit has only d (or T d) parameters."""
-    f = _features(prompts.X.double(), prompts.y.double(), prompts.xq.double())  # (B,T,d)
+    f = prompt_features(prompts.X.double(), prompts.y.double(), prompts.xq.double())  # (B,T,d)
     yq = prompts.yq.double()
     if shared:
         F = f.reshape(-1, f.shape[-1])
@@ -133,8 +133,8 @@ def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, 
     y_it softmax_i(x_i^T diag(omega_h) x_q), omega (H,d) the per-coordinate KQ diagonals
     (``circuits.omega(kq, d, per_coordinate=True)``), mu (H,T), labels y (B,n,T): the paper's
     (A.2), the model with only its KQ diagonals and OV label weights."""
-    om = _vec(omega, X).view(-1, X.shape[-1])
-    m = _vec(mu, X).view(om.shape[0], -1)
+    om = as_vector(omega, X).view(-1, X.shape[-1])
+    m = as_vector(mu, X).view(om.shape[0], -1)
     check("mu", tuple(m.shape), m.shape == (om.shape[0], y.shape[-1]), f"(H, T) = ({om.shape[0]}, {y.shape[-1]})")
     att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
     return torch.einsum("ht,bhn,bnt->bt", m, att, y)
@@ -165,7 +165,7 @@ def midpoint_tolerances(ref_sup: torch.Tensor, ref_shared: torch.Tensor) -> tupl
 def head_kernels(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega) -> torch.Tensor:
     """Every head's kernel regressor of every task (B,H,T): k_bht = sum_i y_it softmax_i(x_i^T
     diag(omega_h) x_q); the kernel sum :func:`diag_kernel_sum_predict` is sum_h mu_ht k_bht."""
-    om = _vec(omega, X).view(-1, X.shape[-1])
+    om = as_vector(omega, X).view(-1, X.shape[-1])
     att = torch.softmax(torch.einsum("bnd,hd,bd->bhn", X, om, xq), dim=-1)
     return torch.einsum("bhn,bnt->bht", att, y)
 

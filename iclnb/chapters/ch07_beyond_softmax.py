@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from iclnb.analysis.arrays import to_numpy
 from iclnb.analysis.circuits import pooled_sign_match
-from iclnb.engine.activations import _np
 from iclnb.engine.readout import mu, proportional_error
 from iclnb.engine.util import check, check_int, check_regression
 
@@ -45,7 +45,8 @@ from iclnb.engine.util import check, check_int, check_regression
 #   plain:    Gamma* = n ((n+1) Sigma + (tr Sigma + d s2) I)^{-1}
 #   debiased: Gamma* = n (n Sigma + (tr Sigma + d s2) I)^{-1}
 # with risk R* = s2 + [tr Sigma - kappa tr(Gamma* Sigma^2)] / d. For Sigma = I: Gamma* = eta* I.
-def _sigma(Sigma) -> np.ndarray:
+def as_covariance(Sigma) -> np.ndarray:
+    """A covariance (tensor or array) as a float64 numpy (d, d) matrix, checked square."""
     S = np.asarray(Sigma.detach().cpu() if isinstance(Sigma, torch.Tensor) else Sigma, dtype=np.float64)
     check("Sigma", S.shape, S.ndim == 2 and S.shape[0] == S.shape[1], "a square matrix (d, d)")
     return S
@@ -64,7 +65,7 @@ def optimal_preconditioner(Sigma, n: int, sigma2: float, debiased: bool = True) 
     """The risk-minimising Gamma (d, d) of preconditioned (debiased) GD for x ~ N(0, Sigma):
     n (n Sigma + (tr Sigma + d s2) I)^{-1} debiased, n ((n+1) Sigma + (tr Sigma + d s2) I)^{-1}
     plain (derivation above; for Sigma = I the optimal steps of debiased / vanilla GD)."""
-    S = _sigma(Sigma)
+    S = as_covariance(Sigma)
     d = S.shape[0]
     check_regression(n, d, sigma2, n_min=2 if debiased else 1)
     return n * np.linalg.inv((n if debiased else n + 1) * S + (np.trace(S) + d * sigma2) * np.eye(d))
@@ -73,7 +74,7 @@ def optimal_preconditioner(Sigma, n: int, sigma2: float, debiased: bool = True) 
 def preconditioned_gd_risk(Gamma, Sigma, n: int, sigma2: float, debiased: bool = True) -> float:
     """Exact risk (noisy target) of :func:`preconditioned_gd_predict` with the matrix Gamma, for
     x ~ N(0, Sigma), beta ~ N(0, I/d): s2 + [tr S - 2 k tr(G^T S^2) + tr(G S G^T Q)] / d."""
-    S, G = _sigma(Sigma), np.asarray(Gamma, dtype=np.float64)
+    S, G = as_covariance(Sigma), np.asarray(Gamma, dtype=np.float64)
     G = G * np.eye(S.shape[0]) if G.ndim == 0 else G
     kappa, Q = _pgd_moments(S, n, sigma2, debiased)
     d = S.shape[0]
@@ -110,7 +111,7 @@ def preconditioned_gd_best_step(Sigma, n: int, sigma2: float, debiased: bool = T
     """The best step of the identity preconditioner (plain, unpreconditioned (debiased) GD) for
     x ~ N(0, Sigma): eta = kappa tr(Sigma^2) / tr(Sigma Q), the minimiser of
     :func:`preconditioned_gd_risk` at Gamma = eta I."""
-    return preconditioned_gd_best_multiple(np.eye(_sigma(Sigma).shape[0]), Sigma, n, sigma2, debiased)
+    return preconditioned_gd_best_multiple(np.eye(as_covariance(Sigma).shape[0]), Sigma, n, sigma2, debiased)
 
 
 # ---------------------------------------------------------------------------- the paper's Table 1
@@ -223,7 +224,7 @@ def fixed_normaliser_dgd(eta: float, n_train: int):
 def preconditioned_gd_best_multiple(G, Sigma, n: int, sigma2: float, debiased: bool = True) -> float:
     """The a minimising :func:`preconditioned_gd_risk` at a G (the risk is quadratic in a):
     a = kappa tr(G^T Sigma^2) / tr(G Sigma G^T Q)."""
-    S, G = _sigma(Sigma), np.asarray(G, dtype=np.float64)
+    S, G = as_covariance(Sigma), np.asarray(G, dtype=np.float64)
     kappa, Q = _pgd_moments(S, n, sigma2, debiased)
     return float(kappa * np.trace(G.T @ S @ S) / np.trace(G @ S @ G.T @ Q))
 
@@ -243,7 +244,7 @@ def off_tridiagonal_share(M) -> float:
 def gamma_to_sinv_sweep(Sigma, lengths, sigma2: float) -> np.ndarray:
     """The proportional error (best multiple) of Gamma*(n) to Sigma^-1 at every n of ``lengths``:
     it falls to 0 as n grows (Gamma* = n (n Sigma + (tr Sigma + d s2) I)^-1 -> Sigma^-1)."""
-    Sinv = np.linalg.inv(_sigma(Sigma))
+    Sinv = np.linalg.inv(as_covariance(Sigma))
     return np.array([proportional_error(optimal_preconditioner(Sigma, int(m), sigma2), Sinv)[1]
                      for m in lengths])
 
@@ -254,7 +255,7 @@ def kq_preconditioner(kq_, ov_, c: float = 1.0, outputs: int = 1) -> np.ndarray:
     p_i ~ (1 + c (s_i - s_bar)) / n the layer is (sum_h mu_h) y_bar + (1/n) sum_i y_i (x_i - x_bar)^T
     Gamma x_q with this Gamma (chapter 7; c = phi'(0) / phi(0), 1 for softmax). For KQ_h = +-omega I
     it is c sum_h omega_h mu_h I."""
-    kq_, ov_ = _np(kq_), _np(ov_)
+    kq_, ov_ = to_numpy(kq_), to_numpy(ov_)
     check_int("outputs", outputs, 1)
     d = kq_.shape[-1] - int(outputs)
     m = mu(ov_, d, int(outputs))
@@ -288,7 +289,7 @@ def length_gaps(curve: dict, ks, n: int, others) -> dict:
 def score_share_below(kq_, prompts, cut: float) -> float:
     """The share of the scores s_hi = z_i^T KQ_h[:, :d] x_q (every head, token and prompt of
     ``prompts``) below ``-cut``: where a shifted ReLU max(s + cut, 0) is cut off."""
-    K = torch.as_tensor(_np(kq_), dtype=prompts.Z.dtype, device=prompts.Z.device)
+    K = torch.as_tensor(to_numpy(kq_), dtype=prompts.Z.dtype, device=prompts.Z.device)
     d = prompts.xq.shape[-1]
     S = torch.einsum("bnd,hde,be->hbn", prompts.Z, K[:, :, :d], prompts.xq)
     return float((S < -cut).double().mean())

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from iclnb.analysis import predictors as pr
+from iclnb.analysis.arrays import to_numpy
 from iclnb.analysis.circuits import FAMILIES, family_activation, metrics_of_heads, summarize_circuits, taylor_c
 from iclnb.analysis.ensembles import head_grid, select_best
 from iclnb.chapters.ch07_beyond_softmax import (
-    _sigma,
+    as_covariance,
     closer_debiased,
     fit_effective_step,
     fit_matrix_preconditioner,
@@ -32,7 +33,6 @@ from iclnb.chapters.ch07_beyond_softmax import (
     preconditioned_gd_predict,
     preconditioned_gd_risk,
 )
-from iclnb.engine.activations import _np
 from iclnb.engine.readout import proportional_error
 from iclnb.engine.tasks import make_task
 from iclnb.engine.train import TrainConfig, train
@@ -158,7 +158,7 @@ def gamma_reading(task, rho, n: int, sigma2: float, fit_prompts: int, seed: int,
     ``G_mc`` its Monte Carlo least-squares fit on ``fit_prompts`` prompts, ``a_sinv`` the best
     multiple of Sigma^-1, ``eta_id`` the identity's best step, and the exact risks ``r_star``,
     ``r_mc``, ``r_sinv``, ``r_id`` of the four."""
-    S = _sigma(task.covariance.numpy())
+    S = as_covariance(task.covariance.numpy())
     Sinv, eye = np.linalg.inv(S), np.eye(S.shape[0])
     G = optimal_preconditioner(S, n, sigma2)
     fit = task.sample(fit_prompts, generator(seed, "fit", rho, device=device), device, torch.float64)
@@ -216,7 +216,7 @@ def read_rho(KQ, OV, KQ0, OV0, G, Sigma, iso) -> dict:
     ``off`` the shares off the tridiagonal, ``e_gs`` Gamma* to Sigma^-1, ``scale`` M's best multiple
     of Gamma*, ``max_diag`` the largest KQ diagonal ratio of a live head, ``summ``/``summ0`` the
     circuit summaries (trained; at init with the trained classes)."""
-    S, G = _sigma(Sigma), np.asarray(G, dtype=np.float64)
+    S, G = as_covariance(Sigma), np.asarray(G, dtype=np.float64)
     d = S.shape[0]
     M = kq_preconditioner(KQ, OV)
     s2 = summarize_circuits(KQ, OV)
@@ -226,8 +226,8 @@ def read_rho(KQ, OV, KQ0, OV0, G, Sigma, iso) -> dict:
     return {"M": M, "summ": s2, "summ0": metrics_of_heads(KQ0, OV0, s2["classes"]),
             "err": {t: proportional_error(M, T)[1] for t, T in targets.items()},
             "err0": {t: proportional_error(iso, T)[1] for t, T in targets.items()},
-            "heads": [proportional_error(_np(KQ)[h, :d, :d], G)[1] for h in live],
-            "heads0": [proportional_error(_np(KQ0)[h, :d, :d], G)[1] for h in live],
+            "heads": [proportional_error(to_numpy(KQ)[h, :d, :d], G)[1] for h in live],
+            "heads0": [proportional_error(to_numpy(KQ0)[h, :d, :d], G)[1] for h in live],
             "inv_err": {"Γ*⁻¹": proportional_error(Minv, np.linalg.inv(G))[1], "Σ": proportional_error(Minv, S)[1]},
             "off": {"model": off_tridiagonal_share(M), "Γ*": off_tridiagonal_share(G)},
             "e_gs": proportional_error(G, targets["Σ⁻¹"])[1], "scale": proportional_error(M, G)[0],
