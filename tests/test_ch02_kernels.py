@@ -236,3 +236,93 @@ def test_restart_spread_takes_only_paired_restarts():
     spread, se = ch2.restart_spread(err, {2: [0, 1], 3: [3], 4: []}, [2, 3, 4])
     assert spread == pytest.approx(0.002) and se > 0
     assert ch2.restart_spread(err, {2: [0]}, [2]) == (0.0, 0.0)
+
+
+def test_authors_scale_rows_show_this_run_on_both_scales():
+    from iclnb.analysis import circuits
+
+    f_log = circuits.authors_omega_factor(5)
+    s2 = {"omega": np.array([0.1399, -0.1379]), "mu": np.array([3.17, -3.13])}
+    rows = {r[0]: r[1:] for r in ch2.authors_scale_rows(s2, f_log)}
+    log, model = ch2.SCALES
+    # this run on the model's scale is its own summary; on the logs' scale f_log times it
+    assert rows[f"H = 2: ω_h, {model}"][1] == "+0.140, -0.138"
+    assert rows[f"H = 2: ω_h, {log}"][1] == ", ".join(f"{v * f_log:+.3f}" for v in s2["omega"]) == "+0.130, -0.128"
+    assert rows[f"Table 1, softmax: ω, {model}"][1] == f"{0.1389:.4f}"
+    step = 0.1399 * 3.17 + 0.1379 * 3.13  # 2 x the mean of |omega_h mu_h| over the pair
+    assert rows[f"Table 1, softmax: 2 ω μ, the effective step, {model}"][1] == f"{step:.4f}"
+    assert rows[f"Table 1, softmax: 2 ω μ, the effective step, {log}"][1] == f"{step * f_log:.4f}"
+    # the authors' numbers are on their logs' scale and divided by f_log on the model's
+    assert rows[f"Table 1, softmax: ω, {log}"][0] == "0.1267"
+    assert rows[f"Table 1, softmax: ω, {model}"][0] == f"{0.1267 / f_log:.4f}"
+    assert rows["H = 2: μ_h (both scales)"][1] == "+3.17, -3.13"
+    assert all(r[2] == "n/a" for r in ch2.authors_scale_rows(None, f_log))
+
+
+def test_linear_rival_takes_the_best_model_with_two_live_heads():
+    s = lambda diag, dummies: {"min_diag_ratio": diag, "omega_spread": 1 / diag, "n_dummy": dummies}  # noqa: E731
+    models = [s(0.99, 0), s(0.80, 0), s(0.85, 0), s(0.999, 1), s(0.95, 0)]
+    hs = [1, 2, 2, 2, 3]
+    # H = 2: of the three linear models the one with a single live head (0.999) is left out
+    assert ch2.linear_rival(models, hs, 2, "min_diag_ratio", min) == (0.85, 2, 3)
+    assert ch2.linear_rival(models, hs, 2, "omega_spread", max) == (pytest.approx(1 / 0.85), 2, 3)
+    # a single head is its own rival; a head count without a model has none
+    assert ch2.linear_rival(models, hs, 1, "min_diag_ratio", min) == (0.99, 0, 1)
+    assert math.isnan(ch2.linear_rival(models, hs, 4, "min_diag_ratio", min)[0])
+    # every model collapsed to one live head: all of them, the count says so
+    assert ch2.linear_rival([s(0.97, 1), s(0.99, 1)], [2, 2], 2, "min_diag_ratio", min) == (0.99, 0, 2)
+
+
+def test_best_per_head_count_and_weak_heads():
+    errors = np.array([[1.0, 1.0], [0.5, 0.7], [0.4, 0.6], [0.9, 0.9]])
+    best = ch2.best_per_head_count(errors, [1, 2, 2, 3], [2, 3])
+    assert set(best) == {2, 3} and best[2].tolist() == [0.4, 0.6] and best[3].tolist() == [0.9, 0.9]
+    heads = [{"head": 0, "omega": 0.2, "mu": 2.0, "diag_ratio": 0.99, "ov_last_ratio": 1.0, "last_row_ratio": 0.0},
+             {"head": 1, "omega": -0.1, "mu": -1.0, "diag_ratio": 0.9, "ov_last_ratio": 1.0, "last_row_ratio": 0.0},
+             {"head": 2, "omega": 0.0, "mu": 0.0, "diag_ratio": 0.1, "ov_last_ratio": 0.1, "last_row_ratio": 1.0}]
+    summ = [{"heads": heads, "classes": ["positive", "negative", "dummy"], "omega": np.array([0.2, -0.1, 0.0]),
+             "mu": np.array([2.0, -1.0, 0.0])}]
+    mu_hist = [np.array([[1.0, -2.0, 0.0]])]  # mu_h at the half-way step
+    w = ch2.weak_heads(summ, [0], mu_hist, 0, 0.98, 0.99, 0.2)
+    assert w == {"weak": 1, "weak_share": "0.25 to 0.25", "weak_mu": "-50 to -50", "fading": 1, "steady": 0}
+
+
+def test_check_parameters_names_the_bad_parameter():
+    heads, lengths, cuts = ch2.check_parameters([1, 2], [200, 40, 5], 40, 3, 0, [0.1, 0.05])
+    assert heads == [1, 2] and lengths == [5, 40, 200] and cuts == [0.05, 0.1]
+    for bad, name in ((dict(heads=[2, 3]), "heads"), (dict(heads=[1, 5]), "heads"),
+                      (dict(test_lengths=[5, 40]), "test_lengths"), (dict(dummy_cutoffs=[0.1]), "dummy_cutoffs"),
+                      (dict(inits=0), "inits")):
+        args = dict(heads=[1, 2], test_lengths=[5, 40, 200], n=40, inits=3, extra_inits=0, dummy_cutoffs=[0.05]) | bad
+        with pytest.raises(ValueError, match=name):
+            ch2.check_parameters(**args)
+
+
+def test_own_step_gaps_at_one_length():
+    curve = {"softmax": np.array([[1.1, 2.0], [1.2, 4.4]]), "dGD own 2": np.array([1.0, 1.0]),
+             "GD own 2": np.array([1.0, 1.1]), "GD re-tuned": np.array([0.5, 4.0])}
+    gap = ch2.own_step_gaps(curve, {1: 0, 2: 1}, [2], 1)
+    assert gap["dGD"][2] == pytest.approx(3.4) and gap["GD"][2] == pytest.approx(3.0)
+    assert gap["re-tuned"][2] == pytest.approx(0.1)
+
+
+def test_same_sign_runs_follow_each_run():
+    from types import SimpleNamespace
+
+    d = 2
+    eye = np.eye(d + 1)
+    eye[-1, -1] = 0.0
+
+    def circuits_of(signs):  # two heads with KQ sign * 0.3 I and OV label weight sign * 2
+        kq = np.stack([s * 0.3 * eye for s in signs])
+        ov = np.zeros((2, d + 1))
+        ov[:, -1] = [2.0 * s for s in signs]
+        return kq, ov
+
+    logs = {0: [(1, 1), (1, 1), (1, -1)], 1: [(1, -1), (1, -1), (1, -1)], 2: [(1, 1), (1, 1), (1, 1)]}
+    kq = [np.stack([circuits_of(s)[0] for s in logs[j]]) for j in range(3)]
+    ov = [np.stack([circuits_of(s)[1] for s in logs[j]]) for j in range(3)]
+    hist = SimpleNamespace(steps=np.array([0, 5000, 10000]), kq=kq, ov=ov)
+    ss = ch2.same_sign_runs(hist, 3)
+    assert ss["t_early"] == 1 and ss["stuck"] == [0, 2] and ss["escaped"] == [0] and ss["still"] == [2]
+    assert ss["escape_at"] == [10000] and ss["states"].shape == (3, 3)

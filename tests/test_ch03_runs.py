@@ -75,15 +75,18 @@ def _start(t_flow, t_gd, t_null, tol=1.0):
     return {"t_flow": t_flow, "t_gd": np.array(t_gd, dtype=float), "t_null": t_null, "tol": tol}
 
 
-def test_stage1_summary_tests_the_starts_the_flow_settles_early():
+def test_stage1_summary_tests_every_start_the_flow_settles_and_censors():
     starts = [_start(2.0, [2.5, 2.7], np.inf), _start(0.5, [0.5, 0.5], 0.6), _start(9.0, [np.inf, 9.5], np.inf),
-              _start(np.inf, [np.inf, np.inf], np.inf)]
-    s = ch3.stage1_summary(starts, t_end=10.0)
-    assert s.tested == [0, 1] and s.flow_fraction == 0.5
-    assert s.reached == 1.0 and s.reached_null == 0.5
-    assert s.err == pytest.approx(0.6) and s.err_null == pytest.approx(8.0)  # never: counted at t_end
-    none = ch3.stage1_summary(starts[2:], t_end=10.0)
-    assert none.tested == [] and np.isnan(none.reached) and none.flow_fraction == 0.0
+              _start(np.inf, [np.inf, np.inf], np.inf), _start(0.0, [0.0, 0.0], 0.0)]
+    s = ch3.stage1_summary(starts, t_end=10.0, horizon=20.0)
+    # every start whose flow settles by t_end, the one balanced at t = 0 dropped from both sides
+    assert s.tested == [0, 1, 2] and s.flow_fraction == 0.8
+    assert s.counts == dict(starts=5, flow=4, balanced_at_0=1, tested=3, gd_reached=2, null_reached=1, within=2)
+    # a run that never settles is not excluded: not reached, and timed at the horizon (a lower bound)
+    assert s.reached == pytest.approx(2 / 3) and s.reached_null == pytest.approx(1 / 3)
+    assert s.err == pytest.approx(abs((20.0 + 9.5) / 2 - 9.0)) and s.err_null == pytest.approx(18.0)
+    none = ch3.stage1_summary(starts[3:], t_end=10.0)
+    assert none.tested == [] and np.isnan(none.reached) and none.counts["balanced_at_0"] == 1
 
 
 def test_check_parameters_four_head_replicas_and_linear_steps():

@@ -20,11 +20,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from iclnb.analysis.arrays import to_numpy
 from iclnb.analysis.circuits import kq, ov, summarize_circuits
 from iclnb.analysis.ensembles import head_grid_config
 from iclnb.analysis.predictors import (
     ByLength,
-    _vec,
+    as_vector,
     debiased_gd_at,
     debiased_gd_predict,
     gd_optimal_step,
@@ -32,17 +33,18 @@ from iclnb.analysis.predictors import (
     kernel_sum_predict,
     ridge_predict,
 )
-from iclnb.engine.activations import _np
 from iclnb.engine.train import train
-from iclnb.engine.util import check_int, check_real, check_regression, derive_seed
+from iclnb.engine.util import check, check_int, check_ints, check_real, check_reals, check_regression, derive_seed
 
 __all__ = [
     "Runs", "train_runs", "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
     "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
     "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
     "relative_spread", "summary_text", "member_summaries", "binomial_upper",
-    "spread_se", "pair_fraction", "best_scale", "single_head_readings", "restart_spread",
-    "SPEC_HEADS", "PATTERNS", "absent", "HOW",
+    "spread_se", "pair_fraction", "pair_states", "same_sign_runs", "own_step_gaps", "weak_heads", "best_scale",
+    "single_head_readings", "restart_spread",
+    "SPEC_HEADS", "PATTERNS", "absent", "HOW", "check_parameters", "authors_scale_rows", "linear_rival",
+    "best_per_head_count", "PAPER_OMEGA", "PAPER_MU", "SCALES",
 ]
 
 # ---- the claim spec's shape (the front matter's claims: block) ----------------------------------
@@ -60,15 +62,18 @@ def absent(spec: Mapping, heads) -> list[str]:
 # methodology of the verdict boxes (why this rival, where the threshold came from), collapsed on the page
 HOW = {
     "patterns": "thresholds ours, read off the authors' trained circuits (the paper states the patterns in words). "
-                "The rival is linear attention with the same H trained on the same prompts, for linear_steps "
-                "(10,000 at the defaults, against the softmax models' 60,000), not restricted to models with two "
-                "live heads: a linear model that keeps one live head is pushed towards a diagonal block (the "
-                "turn-5 referee found its H = 2 diag ratio at 0.9865 at held-out seed 11, where the check cannot "
-                "hold). Where the rival passes too the verdict reads 'holds, shared with' it.",
-    "omega-spread": "the rival is the largest spread of linear attention over its head counts 2, 3, 4, 8, pooled "
-                    "after seeds 1 and 3, where the same-H linear model kept one live head (spread 1) and passed; "
-                    "the pooled maximum is set by the eight-head linear model and practically cannot pass, so this "
-                    "is a weak rival (turn-5 referee: the same-H rival passes at held-out seed 11)",
+                "The rival is linear attention with the same H trained on the same prompts as long as the softmax "
+                "models, from as many inits; of those, the best among the models that keep two or more live heads "
+                "(a linear model with one live head is pushed towards a diagonal block). Until this revision it "
+                "was one linear model trained 10,000 steps against 60,000, whatever its live heads: it passed "
+                "h2-diag-ratio at seed 4 and at the turn-5 referee's held-out seed 11, and h3-diag-ratio held by "
+                "1e-4 at seed 3. Where the rival passes too the verdict reads 'holds, shared with' it.",
+    "omega-spread": "threshold 1.1, chapter 3's criterion of the same pattern. The rival is linear attention with "
+                    "the same H, trained as long, its smallest spread among its inits with two or more live heads "
+                    "(one live head has a spread of 1 by construction). From 3905c79 until this revision it was "
+                    "the largest spread over linear attention's head counts 2, 3, 4, 8, pooled after the same-H "
+                    "model passed at seeds 1 and 3: set by the eight-head model, it practically could not pass "
+                    "(turn-5 referee), so those verdicts were against a weak rival.",
     "kernel-rebuild": "reported: its only rival here, the kernel's first-order expansion, is a closed form that "
                       "cannot meet the 2% at the single head's omega (d omega^2 about 1.3); the 2% is 20 times the "
                       "value, so the information is in the value, not in the test",
@@ -77,15 +82,39 @@ HOW = {
                    "'tuned', the nearest kind it has. It could pass: it is what the statistic reads if the model "
                    "were that predictor",
     "h1-mu-theory": "reported, no verdict: the GD reading mu = eta*_dGD / omega is a closed form in the trained "
-                    "omega that cannot come near the exact best weight at the single head's d omega^2; the first "
-                    "form of this check (|mu / mu*_1 - 1| within 10%) failed at seed 1 and was replaced after it",
+                    "omega that cannot come near the exact best weight at the single head's d omega^2. The check's "
+                    "first form, |mu / mu*_1 - 1| within 10% (chosen), failed at seed 1 (0.103; it held at 4 of "
+                    "seeds 0-4 in the record of 3905c79) and was replaced after that run (993fbb2) by an ordering "
+                    "of the formula's error against the GD reading's, which held at 5 of 5 (records of 993fbb2 to "
+                    "1ebc77f). Both are reports now: the first as h1-mu-formula, the second here",
     "near-gd": "5% is ours; the rival is ridge at the Bayes-optimal penalty, on the same prompts. Debiased GD at "
                "its best step is within 1.3% of vanilla GD's risk and passes too, so near-gd and near-debiased-gd "
                "cannot tell vanilla from debiased GD (closer-debiased does)",
     "h-spread": "the threshold is mostly the restart yardstick (how far restarts of one H that ended with a +- pair "
-                "are apart), plus 3 paired s.e.; it was amended after its seed-2 failure. The rival, the spread with "
-                "H = 1 included, restates h1-worse: it fails whenever h1-worse holds",
+                "are apart), plus 3 paired s.e.; it was amended after its seed-2 failure (993fbb2). The rival is "
+                "linear attention with H >= 2 heads, its best init per H, read against the same threshold: until "
+                "this revision it was the same spread with H = 1 included, which restated h1-worse (turn-5 "
+                "referee). Linear attention with any H predicts like one step of GD, so it can pass",
 }
+
+
+def check_parameters(heads, test_lengths, n: int, inits: int, extra_inits: int, dummy_cutoffs):
+    """The chapter's parameter checks (``ValueError`` naming the parameter): returns ``heads``,
+    ``test_lengths`` and ``dummy_cutoffs`` checked, the last two sorted."""
+    heads = check_ints("heads", heads, 1)
+    check("heads", heads, 1 in heads and max(heads) >= 2 and len(set(heads)) == len(heads)
+          and set(heads) <= set(SPEC_HEADS),
+          f"distinct head counts including 1 and at least one larger, among {SPEC_HEADS} (the head counts the "
+          "claim spec declares)")
+    test_lengths = sorted(check_ints("test_lengths", test_lengths, 2))
+    check("test_lengths", test_lengths, n in test_lengths and max(test_lengths) > n,
+          f"lengths including n={n} and a longer one")
+    check_int("inits", inits, 1)
+    check_int("extra_inits", extra_inits, 0)
+    dummy_cutoffs = sorted(check_reals("dummy_cutoffs", dummy_cutoffs, 0.0))
+    check("dummy_cutoffs", dummy_cutoffs, 0.05 in dummy_cutoffs and max(dummy_cutoffs) < 1,
+          "fractions below 1 including 0.05 (the cut-off of the head classes)")
+    return heads, test_lengths, dummy_cutoffs
 
 
 # ---- the chapter's training runs ----------------------------------------------------------------
@@ -94,7 +123,7 @@ class Runs:
     """The chapter's trained ensembles (each a ``train`` result): ``run`` the softmax head grid
     (member k has ``member_H[k]`` heads, initialisation ``member_init[k]``; chapter 3 reads this
     run), ``lin`` one-head linear attention, ``lin_heads`` the multi-head linear-attention rivals
-    (one member per head count of ``lin_H``), ``more`` the extra two-head initialisations
+    (member k has ``lin_H[k]`` heads), ``more`` the extra two-head initialisations
     (numbered ``extra_ids``; None when there are none)."""
 
     cfg: object
@@ -113,17 +142,19 @@ def train_runs(heads, inits: int, extra_inits: int, *, d: int, n: int, sigma2: f
     """Train (or read from the run cache) every ensemble of the chapter, on the same data stream:
     the softmax head grid (:func:`iclnb.analysis.ensembles.head_grid_config`, unchanged so that
     chapter 3's reuse of it holds), one-head linear attention for ``linear_steps``, linear
-    attention with every head count >= 2 of ``heads`` (one member each, the same steps: the
-    rival of the per-head patterns, the zero sum and the common scale), and ``extra_inits``
+    attention with every head count >= 2 of ``heads`` (``inits`` members each, init seeds as the
+    softmax grid's, the same steps; ``lin_H[k]`` is member k's head count: the rival of the per-head
+    patterns, the zero sum and the common scale, see :func:`linear_rival`), and ``extra_inits``
     further two-head softmax initialisations (init seeds ``derive_seed(seed, "init", i)`` for
     i = inits, inits + 1, ...)."""
     cfg, member_H, member_init = head_grid_config(heads, inits, d=d, n=n, sigma2=sigma2, steps=steps, batch=batch,
                                                   lr=lr, seed=seed, log_every=log_every, device=device)
     run = train(cfg)
     lin = train(replace(cfg, model="linear", heads=(1,), init_seeds=None, steps=linear_steps))
-    lin_H = [int(h) for h in heads if h >= 2]
+    lin_H = [int(h) for h in heads if h >= 2 for _ in range(inits)]
     lin_heads = train(replace(cfg, model="linear", heads=tuple(lin_H), steps=linear_steps,
-                              init_seeds=tuple(derive_seed(seed, "init", 0) for _ in lin_H)))
+                              init_seeds=tuple(derive_seed(seed, "init", i) for _ in lin_H[::inits]
+                                               for i in range(inits))))
     extra_ids = list(range(inits, inits + extra_inits))
     more = train(replace(cfg, heads=(2,) * extra_inits,
                          init_seeds=tuple(derive_seed(seed, "init", i) for i in extra_ids))) if extra_inits else None
@@ -143,7 +174,7 @@ def group_params(omega, mu, classes: Sequence[str]) -> dict[str, tuple[float, fl
     ``2 sum |omega_h mu_h|`` of the effective step. With one homogeneous scale per group this is
     the (omega, mu) of the paper's solution manifold (4.7). A group with no head is absent.
     """
-    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    omega, mu = to_numpy(omega).ravel(), to_numpy(mu).ravel()
     if len(classes) != omega.size or mu.shape != omega.shape:
         raise ValueError(f"{len(classes)} classes, {omega.size} omegas and {mu.size} mus")
     out = {}
@@ -186,7 +217,7 @@ def linearized_kernel_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor
     For a balanced +- pair (sum_h mu_h = 0) this is debiased GD with step sum_h omega_h mu_h
     = 2 omega mu; for one head it keeps the mean term mu y_bar.
     """
-    om, m = _vec(omega, X), _vec(mu, X)
+    om, m = as_vector(omega, X), as_vector(mu, X)
     if om.shape != m.shape:
         raise ValueError(f"omega has {om.numel()} heads but mu has {m.numel()}")
     return m.sum() * y.mean(-1) + debiased_gd_predict(X, y, xq, 1.0) * (om * m).sum()
@@ -316,6 +347,51 @@ def spread_se(errors: Mapping[int, np.ndarray]) -> tuple[float, float]:
     return (means[hi] - means[lo]) / means[lo], float(diff.std(ddof=1) / math.sqrt(diff.size) / means[lo])
 
 
+def pair_states(history, members: int) -> np.ndarray:
+    """(members, logged steps): :func:`pair_state` of each member's logged circuits."""
+    return np.array([[pair_state(history.kq[j][t], history.ov[j][t]) for t in range(len(history.steps))]
+                     for j in range(members)])
+
+
+def weak_heads(summ: Sequence[Mapping], ks, mu_history, t_half: int, diag_min: float, ov_min: float,
+               last_row_max: float) -> dict:
+    """The live heads of the members ``ks`` that miss a per-head threshold, in words for the page:
+    ``weak`` (how many), ``weak_share`` (the range of their |omega_h mu_h| over their model's
+    largest), ``weak_mu`` (the range of the % change of their mu_h since the logged step
+    ``t_half``; ``mu_history[k]``: (logged steps, H)), ``fading`` (how many fell by more than 10%)
+    and ``steady`` (how many stayed within 10%)."""
+    weak = [(k, r) for k in ks for r, c in zip(summ[k]["heads"], summ[k]["classes"])
+            if c != "dummy" and (r["diag_ratio"] < diag_min or r["ov_last_ratio"] < ov_min
+                                 or r["last_row_ratio"] > last_row_max)]
+    share = [abs(r["omega"] * r["mu"]) / max(abs(summ[k]["omega"] * summ[k]["mu"])) for k, r in weak]
+    move = [100 * (r["mu"] / mu_history[k][t_half, r["head"]] - 1) for k, r in weak]
+    return {"weak": len(weak), "weak_share": value_range(share, ".2f"), "weak_mu": value_range(move, "+.0f"),
+            "fading": int(sum(v < -10 for v in move)), "steady": int(sum(abs(v) <= 10 for v in move))}
+
+
+def own_step_gaps(curve: Mapping, chosen: Mapping[int, int], multi: Sequence[int], i: int) -> dict:
+    """``{b: {H: |risk(model H) / risk(b) - 1|}}`` at the test length ``curve["n"][i]``, for b
+    "dGD" and "GD" (each at model H's own step) and "re-tuned" (GD re-tuned to the length)."""
+    base = {"dGD": lambda H: curve[f"dGD own {H}"], "GD": lambda H: curve[f"GD own {H}"],
+            "re-tuned": lambda H: curve["GD re-tuned"]}
+    return {b: {H: abs(float(curve["softmax"][i, chosen[H]] / f(H)[i]) - 1) for H in multi} for b, f in base.items()}
+
+
+def same_sign_runs(history, members: int, early: int = 5000) -> dict:
+    """What the two-head runs of ``history`` did (:func:`pair_states`): ``states`` (members, logged
+    steps), ``t_early`` the first log at or after step ``early``, ``stuck`` the members same-sign
+    there, ``escaped`` those of them that end as a pair (``escape_at``: the first logged step
+    after ``t_early`` at which each is one) and ``still`` those same-sign at the end."""
+    states = pair_states(history, members)
+    t_early = int(np.searchsorted(history.steps, min(early, int(history.steps[-1]))))
+    same = states == "same-sign"
+    stuck = [j for j in range(members) if same[j, t_early]]
+    escaped = [j for j in stuck if states[j, -1] == "pair"]
+    escape_at = [int(history.steps[t_early + np.argmax(states[j, t_early:] == "pair")]) for j in escaped]
+    return {"states": states, "t_early": t_early, "stuck": stuck, "escaped": escaped, "escape_at": escape_at,
+            "still": [j for j in stuck if same[j, -1]]}
+
+
 def pair_fraction(states) -> float:
     """The fraction of the states (:func:`pair_state` results) that are "pair" (NaN for none)."""
     states = list(states)
@@ -371,3 +447,61 @@ def restart_spread(errors: Mapping[int, np.ndarray], formed: Mapping[int, Sequen
         if len(ks) >= 2:
             best = max(best, spread_se({k: errors[k] for k in ks}))
     return best
+
+
+def linear_rival(summaries: Sequence[Mapping], hs: Sequence[int], H: int, key: str,
+                 pick: Callable = min) -> tuple[float, int, int]:
+    """The linear-attention rival of a per-head claim at H heads: (its value, how many of its
+    models keep two or more live heads, how many it has). ``summaries[k]``, a linear model with
+    ``hs[k]`` heads; ``pick``, how the softmax side takes its worst over initialisations (min for
+    a ratio that must be high, max for one that must be low). Over the linear models with H heads
+    that keep >= 2 live heads (for H = 1, or when none does, all of them: a collapsed model is
+    reported in the count) the rival takes its best, the opposite of ``pick``: the strongest
+    rival, one that could pass."""
+    ks = [k for k, h in enumerate(hs) if h == H]
+    if not ks:
+        return float("nan"), 0, 0
+    live = [k for k in ks if H - summaries[k]["n_dummy"] >= 2]
+    best = max if pick is min else min
+    return float(best(summaries[k][key] for k in (live if H >= 2 and live else ks))), len(live), len(ks)
+
+
+def best_per_head_count(errors: np.ndarray, hs: Sequence[int], keep: Sequence[int]) -> dict[int, np.ndarray]:
+    """``{H: errors[k]}`` for each H of ``keep``, k the model of H with the lowest mean error
+    (``errors``: (models, prompts) per-prompt squared errors; ``hs[k]``: model k's head count)."""
+    out = {}
+    for H in keep:
+        ks = [k for k, h in enumerate(hs) if h == H]
+        if ks:
+            out[H] = np.asarray(errors[min(ks, key=lambda k: float(np.mean(errors[k])))], dtype=float)
+    return out
+
+
+# ---- the comparison with the authors' numbers --------------------------------------------------
+PAPER_OMEGA, PAPER_MU = 0.1267, 3.5006  # the paper's Table 1, softmax column (their logs' omega scale)
+SCALES = ("their logs' scale (1/√(d+2))", "the model's scale (1/√(d+1))")
+
+
+def authors_scale_rows(s2: Mapping | None, f_log: float, om_p: float = PAPER_OMEGA,
+                       mu_p: float = PAPER_MU) -> list[list[str]]:
+    """The rows of the comparison table that carry an omega: the two-head model's omega_h, its mean
+    |omega| and its effective step 2 omega mu, each on the authors' logs' scale and on the model's.
+    The authors' logged omega is ``f_log`` times the model's own (``circuits.authors_omega_factor``),
+    so theirs is divided by ``f_log`` on the model's scale and ours multiplied by it on theirs.
+    ``s2``: the summary of the analysed two-head model (None: "n/a")."""
+    check_real("f_log", f_log, minimum=0.0)
+    rows = []
+    for tag, theirs, ours in ((SCALES[0], 1.0, f_log), (SCALES[1], 1 / f_log, 1.0)):
+        om = None if s2 is None else np.asarray(s2["omega"], float) * ours
+        rows.append([f"H = 2: ω_h, {tag}", f"±{0.13 * theirs:.3f}",
+                     "n/a" if om is None else ", ".join(f"{v:+.3f}" for v in om)])
+        rows.append([f"Table 1, softmax: ω, {tag}", f"{om_p * theirs:.4f}",
+                     "n/a" if om is None else f"{np.abs(om).mean():.4f}"])
+        step = None if s2 is None else 2 * np.abs(om * np.asarray(s2["mu"], float)).mean()
+        rows.append([f"Table 1, softmax: 2 ω μ, the effective step, {tag}", f"{2 * om_p * mu_p * theirs:.4f}",
+                     "n/a" if step is None else f"{step:.4f}"])
+    mu = None if s2 is None else np.asarray(s2["mu"], float)
+    rows.append(["H = 2: μ_h (both scales)", "±3.45", "n/a" if mu is None else ", ".join(f"{v:+.2f}" for v in mu)])
+    rows.append(["Table 1, softmax: μ (both scales)", f"{mu_p:.4f}",
+                 "n/a" if mu is None else f"{np.abs(mu).mean():.4f}"])
+    return rows

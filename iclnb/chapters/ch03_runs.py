@@ -10,10 +10,21 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from iclnb.chapters.ch03_stages import Trajectory, peak, trajectory_gap
+from iclnb.analysis.circuits import classify_heads
+from iclnb.chapters.ch03_stages import (
+    Trajectory,
+    fit_time_scale,
+    gradient_flow,
+    ode_phases,
+    pattern_history,
+    peak,
+    training_stages,
+    trajectory_gap,
+)
 
 __all__ = ["check_parameters", "Spliced", "splice_histories", "cache_note", "step_text", "longest", "farthest_gap",
-           "PeakDecay", "peak_decay", "NoExpPhases", "noexp_phases", "Stage1Summary", "stage1_summary", "HOW"]
+           "PeakDecay", "peak_decay", "NoExpPhases", "noexp_phases", "Stage1Summary", "stage1_summary", "HOW",
+           "on_flow_clock", "read_stages", "stage_table"]
 
 _NOEXP = ("the rival is the flow without its exp term (linear attention's picture), a simpler model integrated "
           "exactly from the same {}: ")
@@ -48,18 +59,22 @@ HOW = {
                             "is measured in the run; a finding, declared in the commit that added the check "
                             "(699a0f4): the turn-5 referee found that 'before' cannot be verified, the check and "
                             "its finding having come in one commit with reasons that read as a run's diagnostics",
-    "gd4-stage1-reached": _NOEXP.format("starts") + "by the same rule it establishes Stage I at the tested "
-                          "starts that are nearly balanced already, where nothing has to happen, so it can pass; "
-                          "the tested starts (the flow balanced by gd4_t_end / 2) are a rule adopted after an earlier "
-                          "rule's run missed the timing's tolerance (3905c79): under the earlier rule the turn-5 "
-                          "referee found this fraction below 1 at 2 of 5 seeds",
+    "gd4-stage1-reached": _NOEXP.format("starts") + "by the same rule it establishes Stage I from a start "
+                          "that is nearly balanced, where little has to happen, so it can pass. Tested: every "
+                          "start whose flow balances by gd4_t_end (less those balanced at t = 0, dropped from "
+                          "both sides); the runs last 2 gd4_t_end, and a run that has not balanced by then counts "
+                          "as not reached (censored, not excluded). This rule is the turn-5 referee's; the one "
+                          "before it (tested: the flow balanced by gd4_t_end / 2, 3905c79) was adopted after "
+                          "ad46537's run had missed the timing's tolerance, and under ad46537's rule the referee "
+                          "found this fraction at 0.83 at seed 0 and below 1 at 2 of 5 seeds",
     "gd4-stage1-time": _NOEXP.format("starts") + "its time error passes where it balances the OV weights when "
-                       "the flow of L̃ does (a start where it never balances counted at gd4_t_end: a lower bound); "
-                       "the tolerance per start is the clock's error 1/n + 2η, one logging interval and 3 s.e. of "
-                       "the replicas' mean; a finding, declared after the first run at the defaults missed the "
-                       "tolerance (ad46537), and the tested starts changed after that run (3905c79): under the "
-                       "earlier rule the turn-5 referee found it not reproduced at 5 of 5 seeds, plain GD mostly "
-                       "earlier than the flow, not later as the declaration says",
+                       "the flow of L̃ does (a start where it never balances counted at the end of its run: a lower "
+                       "bound); the tolerance per start is the clock's error 1/n + 2η, one logging interval and 3 "
+                       "s.e. of the replicas' mean, a run that never balances timed at the end of its run. A "
+                       "finding, declared after the first run at the defaults missed the tolerance (ad46537); the "
+                       "tested starts changed after that run (3905c79) and again now (every start the flow "
+                       "balances by gd4_t_end, censored): under ad46537's rule the turn-5 referee found it not "
+                       "reproduced at 5 of 5 seeds, plain GD mostly earlier than the flow",
 }
 
 
@@ -177,27 +192,98 @@ def noexp_phases(traj: Trajectory, rate_frac: float = 0.9) -> NoExpPhases:
 
 
 class Stage1Summary(NamedTuple):
-    tested: list  # indices of the starts whose flow establishes Stage I by t_end * tested_frac
-    reached: float  # fraction of the tested starts in which every run establishes Stage I by t_end
+    tested: list  # the starts whose flow establishes Stage I by t_end and that are not balanced at t = 0
+    reached: float  # fraction of the tested starts in which every run establishes Stage I by the horizon
     reached_null: float  # the same fraction for the flow without its exp term
-    err: float  # largest |runs' mean t_I - flow's t_I| / tolerance over the tested starts
-    err_null: float  # the same for the flow without its exp term (a time not reached counts as t_end)
-    flow_fraction: float  # fraction of all starts whose flow establishes Stage I by t_end * tested_frac
+    err: float  # largest |runs' mean t_I - flow's t_I| / tolerance over the tested starts (censored)
+    err_null: float  # the same for the flow without its exp term (censored at the horizon)
+    flow_fraction: float  # fraction of all starts whose flow establishes Stage I by t_end
+    counts: dict  # per-start counts: starts, flow, balanced_at_0, tested, gd_reached, null_reached, within
 
 
-def stage1_summary(starts: Sequence[dict], t_end: float, tested_frac: float = 0.5) -> Stage1Summary:
+def stage1_summary(starts: Sequence[dict], t_end: float, horizon: float | None = None) -> Stage1Summary:
     """Stage I of plain GD from several starts (each a :func:`iclnb.chapters.ch03_stages.stage1_timing`
-    result) against the flow and its null. A start is **tested** when its flow establishes Stage I by
-    ``tested_frac * t_end`` (half the run), so a run that lags the flow has as long again to get
-    there. A time never reached counts as ``t_end`` in ``err_null``: a lower bound on the null's
-    error (NaN fields when no start is tested)."""
-    tested = [i for i, r in enumerate(starts) if r["t_flow"] <= tested_frac * t_end]
-    if not tested:
-        nan = float("nan")
-        return Stage1Summary([], nan, nan, nan, nan, 0.0 if starts else nan)
+    result, its runs and flows ``horizon`` long, default ``t_end``) against the flow and its null.
+    A start is **tested** when its flow establishes Stage I by ``t_end``, unless it is balanced
+    already at t = 0 (there nothing has to happen, for any of the three: dropped from both
+    sides). No tested start is excluded for what plain GD does: a run that has not established
+    Stage I by the horizon counts as not reached, and in the timing at the horizon (censored: a
+    lower bound on its error), the null alike. ``counts`` gives the per-start counts (NaN fields
+    when no start is tested)."""
+    horizon = t_end if horizon is None else horizon
+    flow = [i for i, r in enumerate(starts) if r["t_flow"] <= t_end]
+    at0 = [i for i in flow if r_at0(starts[i])]
+    tested = [i for i in flow if i not in at0]
     sel = [starts[i] for i in tested]
-    reached = float(np.mean([np.isfinite(r["t_gd"]).all() for r in sel]))
-    reached_null = float(np.mean([np.isfinite(r["t_null"]) for r in sel]))
-    err = max(abs(r["t_gd"].mean() - r["t_flow"]) / r["tol"] for r in sel)
-    err_null = max(abs(min(r["t_null"], t_end) - r["t_flow"]) / r["tol"] for r in sel)
-    return Stage1Summary(tested, reached, reached_null, float(err), float(err_null), len(tested) / len(starts))
+    gd_ok = [bool((r["t_gd"] <= horizon).all()) for r in sel]
+    null_ok = [bool(r["t_null"] <= horizon) for r in sel]
+    errs = [abs(np.minimum(r["t_gd"], horizon).mean() - r["t_flow"]) / r["tol"] for r in sel]
+    errs_null = [abs(min(r["t_null"], horizon) - r["t_flow"]) / r["tol"] for r in sel]
+    counts = dict(starts=len(starts), flow=len(flow), balanced_at_0=len(at0), tested=len(tested),
+                  gd_reached=sum(gd_ok), null_reached=sum(null_ok), within=int(sum(e <= 1.0 for e in errs)))
+    nan = float("nan")
+    if not tested:
+        return Stage1Summary([], nan, nan, nan, nan, len(flow) / len(starts) if starts else nan, counts)
+    return Stage1Summary(tested, float(np.mean(gd_ok)), float(np.mean(null_ok)), float(max(errs)),
+                         float(max(errs_null)), len(flow) / len(starts), counts)
+
+
+def r_at0(r: dict) -> bool:
+    """Whether a start of :func:`stage1_summary` is balanced already at t = 0: the flow, its null
+    and every run date Stage I at the first logged time."""
+    return bool(r["t_flow"] <= 0 and r["t_null"] <= 0 and (np.asarray(r["t_gd"]) <= 0).all())
+
+
+def on_flow_clock(pairs: Sequence[dict], ode2: Trajectory, n: int, d: int, sigma2: float, t_end: float,
+                  start: float = 1e-3) -> tuple[list[dict], list[str]]:
+    """Each two-head +- pair history of ``pairs`` on the flow's clock: the affine clock t = t0 + s
+    step fitted on the rise and peak of |omega| against the two-head flow ``ode2``
+    (:func:`iclnb.chapters.ch03_stages.fit_time_scale`, heads ordered by their final omega), the
+    flow from (start, -start) integrated as long as the run's clock, Stage I on that clock
+    (``t_stage1``), and the trained run's peak and final mean |omega_h| over the flow's
+    (``peak_ratio``, ``end_ratio``). Returns (the overlays, a note per history without a clock)."""
+    overlays, notes = [], []
+    for hst in [h for h in pairs if h["H"] == 2]:
+        order = np.argsort(-hst["omega"][-1])
+        w_r, m_r = hst["omega"][:, order], hst["mu"][:, order]
+        try:
+            s, t0 = fit_time_scale(hst["steps"], w_r, ode2)
+        except ValueError as e:  # e.g. a smoke run too short for the peak
+            notes.append(f"H=2, init {hst['init']}: no time map ({e})")
+            continue
+        flow = gradient_flow([start, -start], [start, -start], max(t_end, t0 + s * hst["steps"][-1]), n, d, sigma2)
+        t = t0 + s * np.asarray(hst["steps"], dtype=np.float64)
+        w_end, _ = flow.at(t[-1])
+        stage1 = hst["stages"]["stage_I"]
+        overlays.append({"init": hst["init"], "s": s, "t0": t0, "omega": w_r, "mu": m_r, "flow": flow, "t": t,
+                         "t_stage1": float("nan") if stage1 is None else t0 + s * stage1,
+                         "peak_ratio": float(np.abs(w_r).mean(1).max() / ode_phases(flow).omega_peak),
+                         "end_ratio": float(np.abs(w_r[-1]).mean() / np.abs(w_end).mean())})
+    return overlays, notes
+
+
+def read_stages(histories: Sequence[dict]) -> list[dict]:
+    """Annotate each history (``omega``, ``mu``, ``kq``, ``steps``) in place with its pattern
+    statistics (``patterns``), the step each stage is established (``stages``), whether it ends
+    with a +- pair (``pair``) and the peak of its top head's |omega_h| (``peak_step``, ``peak``,
+    ``decay``); returns the histories with a pair."""
+    for hst in histories:
+        hst["patterns"] = p = pattern_history(hst["omega"], hst["mu"], steps=hst["steps"], kq=hst["kq"])
+        hst["stages"] = training_stages(p)
+        cls = classify_heads(hst["omega"][-1], hst["mu"][-1])
+        hst["pair"] = "positive" in cls and "negative" in cls
+        top = int(np.argmax(np.abs(hst["omega"]).max(0)))
+        hst["peak_step"], hst["peak"], hst["decay"] = peak(hst["steps"], np.abs(hst["omega"][:, top]))
+    return [hst for hst in histories if hst["pair"]]
+
+
+def stage_table(histories: Sequence[dict]) -> tuple[list, list]:
+    """(rows, header) of the stage table: per model, the step each pattern and stage is
+    established ("never" when not), its final zero-sum ratio and spread, and its peak."""
+    st = lambda hst, key: step_text(hst["stages"][key])  # noqa: E731
+    rows = [[hst["H"], hst["init"], "yes" if hst["pair"] else "NO", *(st(hst, k) for k in (
+        "sign_match", "zero_sum", "stage_I", "stage_II", "diag")), f"{hst['patterns'].zero_sum[-1]:.4f}",
+        f"{hst['patterns'].spread[-1]:.3f}", f"{hst['peak']:.3f} at {hst['peak_step']:,.0f}", f"{hst['decay']:.2f}"]
+        for hst in histories]
+    return rows, ["H", "init", "± pair", "sign match", "zero-sum", "Stage I", "Stage II (homog.)", "diag ≥ 0.98",
+                  "final zero-sum ratio", "final spread", "peak of max |ω_h| (step)", "final / peak"]

@@ -315,7 +315,7 @@ def established_at(steps, values, op: str, threshold: float):
 def training_stages(p: Patterns, zero_sum_max: float = 0.1, spread_max: float = 1.1, diag_min: float = 0.98) -> dict:
     """The step at which each pattern is established (:func:`established_at`; None if not by the end).
 
-    Rules (thresholds fixed before any run): ``sign_match``: every live head has
+    Rules (thresholds chosen, ours): ``sign_match``: every live head has
     sign(omega_h) = sign(mu_h) (fraction = 1); ``zero_sum``: |sum mu| / sum |mu| at most
     ``zero_sum_max`` (0.1); **Stage I** = the later of the two. ``homogeneous``: max/min |omega_h|
     over live heads at most ``spread_max`` (1.1) = **Stage II** (homogeneous KQ scaling);
