@@ -14,6 +14,10 @@ import numpy as np
 from iclnb.chapters.ch02_kernels import authors_scale_rows, member_order, summary_text
 
 __all__ = ["init_table", "training_loss", "length_curves", "same_sign", "length_table", "cutoff_table",
+           "circuit_grid", "head_table", "pair_table", "forming_table", "rebuild_table", "length_gaps",
+           "follow_ratios", "authors_numbers", "same_sign_table", "rebuild_distances", "length_baselines",
+           "training_line", "h8_numbers", "manifold_numbers", "linear_summaries", "metrics_at",
+           "same_sign_numbers", "two_head_states",
            "follows_table", "authors_table"]
 
 
@@ -199,3 +203,270 @@ def authors_table(summaries: Mapping[int, Mapping], risk40: Mapping[int, float],
         ["vanilla GD at its best step (exact, n = 40)", "—", f"{risk_gd:.3f}"],
     ]
     return rows, ["quantity", "authors (500k steps)", f"this run ({steps} steps)"]
+
+
+# ---- the chapter's larger cells, as functions (the notebook tells, the library draws) -------------
+def circuit_grid(panels: Sequence[tuple], titles: Sequence[str], draw):
+    """One figure of several models' circuits, one row per model: each ``(kq, ov, classes)`` of
+    ``panels`` drawn by ``draw`` (the book's ``plot_circuits``, each with its own colour scales,
+    passed in: the chapters layer does not import the book machinery) and stacked, titled by
+    ``titles``."""
+    images = []
+    for (kq_, ov_, classes), title in zip(panels, titles):
+        f = draw(kq_, ov_, classes=classes, title=title)
+        f.canvas.draw()
+        images.append(np.asarray(f.canvas.buffer_rgba()))
+        plt.close(f)
+    if not images:
+        return plt.figure(figsize=(1, 1))
+    dpi = plt.rcParams["figure.dpi"]
+    width = max(im.shape[1] for im in images) / dpi
+    fig, axes = plt.subplots(len(images), 1, figsize=(width, sum(im.shape[0] for im in images) / dpi),
+                             gridspec_kw={"height_ratios": [im.shape[0] for im in images]}, squeeze=False)
+    for ax, im in zip(axes[:, 0], images):
+        ax.imshow(im)
+        ax.set_axis_off()
+    fig.subplots_adjust(0, 0, 1, 1, 0, 0)
+    return fig
+
+
+def head_table(summaries: Mapping[int, Mapping], heads: Sequence[int]) -> tuple[list, list]:
+    """(rows, header): every head of the analysed initialisation of each H, its class, omega_h,
+    mu_h, contribution and pattern metrics."""
+    rows = [[H, r["head"] + 1, r["class"], f"{r['omega']:+.4f}", f"{r['mu']:+.3f}", f"{abs(r['omega'] * r['mu']):.3f}",
+             f"{r['diag_ratio']:.4f}", f"{r['diag_homogeneity']:.1e}", f"{r['last_row_ratio']:.3f}",
+             f"{r['ov_last_ratio']:.4f}", "yes" if r["sign_match"] else "NO"]
+            for H in heads for r in summaries[H]["heads"]]
+    return rows, ["H", "head", "class", "ω_h", "μ_h", "|ω_h μ_h|", "diag ratio", "diag homogeneity",
+                  "last-row ratio", "OV last-entry ratio", "sign match"]
+
+
+def pair_table(summaries: Mapping[int, Mapping], heads: Sequence[int], eta_gd: float,
+               eta_dgd: float) -> tuple[list, list]:
+    """(rows, header): per H the head classes, the zero sum, both step readings and the omega spread."""
+    rows = [[H, f"{s['n_positive']} / {s['n_negative']} / {s['n_dummy']}", f"{s['sum_mu']:+.3f}",
+             f"{s['mu_balance']:.3f}", f"{s['effective_step']:.3f}", f"{s['linearized_step']:.3f}",
+             f"{s['omega_spread']:.3f}", f"{eta_gd:.3f} / {eta_dgd:.3f}"]
+            for H in heads for s in [summaries[H]]]
+    return rows, ["H", "positive / negative / dummy", "Σ μ_h", "|Σ μ_h| / Σ |μ_h|", "2 Σ_pos ω_h μ_h",
+                  "Σ_h ω_h μ_h", "max / min |ω_h| (live)", "η* GD / debiased GD"]
+
+
+READ = {"diag-ratio": ("min_diag_ratio", min), "ov-last": ("min_ov_last_ratio", min),
+        "last-row": ("max_last_row_ratio", max), "omega-spread": ("omega_spread", max)}
+
+
+def forming_table(cids: Sequence[str], heads: Sequence[int], history, formed: Mapping, steps: int,
+                  conditions: Mapping[str, str], fracs=(0.25, 0.5, 0.75, 1.0)) -> tuple[list, list, int]:
+    """(rows, header, how many improve at every quarter): each finding ``h<H>-<metric>`` read
+    again from the logged circuits at the fractions ``fracs`` of training (the same inits)."""
+    from iclnb.analysis import circuits
+
+    t_at = [int(np.searchsorted(history.steps, f * steps)) for f in fracs]
+    rows, n_better = [], 0
+    for cid in cids:
+        H, (key, pick) = int(cid.split("-")[0][1:]), READ[cid.split("-", 1)[1]]
+        if H not in heads:
+            continue
+        vals = [pick((circuits.summarize_circuits(history.kq[k][t], history.ov[k][t])[key] for k in formed[H]),
+                     default=float("nan")) for t in t_at]
+        better = bool(np.all(np.diff(vals) * (1 if pick is min else -1) > 0))  # towards the threshold
+        n_better += better
+        rows.append([cid, *(f"{v:.4f}" for v in vals), conditions[cid], "yes" if better else "no"])
+    header = ["finding", *(f"step {int(history.steps[t]):,}" for t in t_at), "threshold", "better at every quarter"]
+    return rows, header, n_better
+
+
+def rebuild_table(dist: Mapping, dist_short: Mapping, chosen: Mapping[int, int], heads: Sequence[int], n: int,
+                  n_short: int) -> tuple[list, list]:
+    """(rows, header): per H the analysed model's risk and the relative MSE of the kernel sum and
+    of each baseline to it, at the training length n and (kernel sum, expansion) at n_short."""
+    names = list(dist[chosen[heads[0]]])[:4]
+    rows = [[H, f"{dist[chosen[H]]['risk']:.4f}", *(f"{dist[chosen[H]][m]:.2e}" for m in names),
+             *(f"{dist_short[chosen[H]][m]:.2e}" for m in names[:2])] for H in heads]
+    return rows, ["H", f"risk of the model (n = {n})", *(f"{m} (n = {n})" for m in names),
+                  *(f"{m} (n = {n_short})" for m in names[:2])]
+
+
+def length_gaps(curve: Mapping, chosen: Mapping[int, int], multi: Sequence[int], dist: Mapping,
+                idx: Mapping[str, int]) -> dict:
+    """The numbers the length section's prose reads off the first H >= 2 model (in %): its paired
+    risk difference to debiased GD at its own step, the kernel sum's and vanilla GD's, at the
+    ``idx`` "short" and "long" lengths, and at ``idx["n"]`` its excess over the kernel sum against
+    what the reconstruction error adds."""
+    H2 = multi[0]
+    k2, out = chosen[H2], {}
+    for tag in ("short", "long"):
+        i = idx[tag]
+        base = float(curve[f"dGD own {H2}"][i])
+        out[f"gap_{tag}"] = 100 * float(curve[f"softmax-dGD own {H2}"][i, k2]) / base
+        out[f"kgap_{tag}"] = 100 * float(curve[f"kernels {H2}-dGD own {H2}"][i]) / base
+        out[f"vgap_{tag}"] = 100 * float(curve[f"softmax-GD own {H2}"][i, k2] / curve[f"GD own {H2}"][i])
+    i = idx["n"]
+    out["excess_obs"] = 100 * float((curve["softmax"][i, k2] - curve[f"kernels {H2}"][i]) / curve["softmax"][i, k2])
+    out["excess_pred"] = 100 * dist[k2]["kernel sum"] * dist[k2]["mean_square"] / dist[k2]["risk"]
+    return out
+
+
+def follow_ratios(curve: Mapping, chosen: Mapping[int, int], multi: Sequence[int]) -> tuple[dict, dict]:
+    """Per H >= 2 and length, |model - baseline| over the tolerance |kernels - dGD own| + 3 paired
+    s.e., for debiased and for vanilla GD at the model's own step (paired, same prompts)."""
+    return tuple({H: np.abs(curve[f"softmax-{b} own {H}"][:, chosen[H]])
+                  / (np.abs(curve[f"kernels {H}-dGD own {H}"]) + 3 * curve[f"softmax-{b} own {H}_se"][:, chosen[H]])
+                  for H in multi} for b in ("dGD", "GD"))
+
+
+def authors_numbers(s2: Mapping | None, summaries: Mapping, om_p: float, mu_p: float, f_log: float, d: int,
+                    n: int, sigma2: float, risk_gd: float) -> dict:
+    """The numbers the comparison with the authors' prose reads: our two-head |omega|, |mu| and
+    step against their Table 1 on one scale (%), the paper's step on the model's scale, the
+    asymptotic GD risk and its offset, and our diag homogeneity over theirs for H = 2, 4."""
+    om2, mu2 = (np.abs(s2[k]) if s2 else np.nan for k in ("omega", "mu"))
+    out = {f"vs_paper_{key}": float(100 * (ours / theirs - 1)) for key, ours, theirs in (
+        ("omega", np.mean(om2) * f_log, om_p), ("mu", np.mean(mu2), mu_p),
+        ("step", 2 * np.mean(om2 * mu2) * f_log, 2 * om_p * mu_p))}
+    xi = d / n
+    asym = sigma2 + xi * (1 + sigma2) / (1 + xi * (1 + sigma2))
+    out |= {"paper_step_model": 2 * om_p * mu_p / f_log, "asym_risk": asym, "asym_off": risk_gd - asym}
+    for H, ref_h in ((2, 3e-6), (4, 4e-6)):
+        out[f"homog_h{H}"] = summaries[H]["max_diag_homogeneity"] / ref_h if H in summaries else float("nan")
+    return out
+
+
+def same_sign_table(extra_ids: Sequence[int], stuck, states, risk_more, hist, t_early: int, steps: int,
+                    n: int) -> tuple[list, list]:
+    """(rows, header): every extra two-head init, same-sign early and at the end, its validation risk."""
+    rows = [[extra_ids[j], "yes" if j in stuck else "no", "yes" if states[j, -1] == "same-sign" else "no",
+             f"{risk_more[j]:.4f}"] for j in range(len(extra_ids))]
+    return rows, ["init", f"same-sign at step {hist.steps[t_early]}", f"same-sign at step {steps}",
+                  f"validation risk (n = {n})"]
+
+
+def rebuild_distances(model, test, short, member_H: Sequence[int], chosen: Mapping[int, int],
+                      heads: Sequence[int], summ: Sequence[Mapping]) -> tuple[dict, dict, dict, dict]:
+    """(dist, dist_short, err, scale): on the prompts ``test`` (every member) and ``short`` (the
+    analysed ones), the relative MSE of the kernel sum and its baselines
+    (:func:`iclnb.chapters.ch02_kernels.kernel_and_baselines`) to each model, with its risk and
+    mean square prediction; at ``test`` also each member's per-prompt squared errors and its best
+    OV scale (:func:`iclnb.chapters.ch02_kernels.best_scale`)."""
+    import torch
+
+    from iclnb.analysis import predictors as pr
+    from iclnb.chapters.ch02_kernels import best_scale, kernel_and_baselines
+
+    dist, dist_short, err, scale = {}, {}, {}, {}
+    for prompts, out, ks in ((test, dist, range(len(member_H))), (short, dist_short, [chosen[H] for H in heads])):
+        args = (prompts.X, prompts.y, prompts.xq)
+        with torch.no_grad():
+            full = model(*args)  # (K, B): every member
+        for k in ks:
+            s = summ[k]
+            cand = kernel_and_baselines(*args, s["omega"], s["mu"], s["linearized_step"])
+            out[k] = {name: pr.relative_mse(p, full[k]) for name, p in cand.items()}
+            if out is dist:
+                err[k] = ((full[k] - prompts.yq) ** 2).double().cpu().numpy()
+                scale[k] = best_scale(full[k].double().cpu().numpy(), prompts.yq.double().cpu().numpy())
+            out[k].update(risk=float(((full[k] - prompts.yq) ** 2).mean()), mean_square=float((full[k] ** 2).mean()))
+    return dist, dist_short, err, scale
+
+
+def length_baselines(models: Mapping, summaries: Mapping, multi: Sequence[int], n: int, d: int, sigma2: float,
+                     test_lengths: Sequence[int]) -> tuple[dict, list, np.ndarray, np.ndarray]:
+    """(predictors, pairs, exact_gd, exact_dgd) of the length section: ``models`` (softmax, linear)
+    with linear attention renormalised 1/m, ridge, GD re-tuned, and per H >= 2 debiased and vanilla
+    GD and the kernel sum at the model's own numbers; the paired differences to read; and the exact
+    risks of vanilla and debiased GD at their best step at every test length."""
+    from iclnb.analysis import predictors as pr
+    from iclnb.chapters import ch02_kernels as ch2
+
+    preds = {"softmax": models["softmax"], "linear": models["linear"],
+             "linear, 1/m": ch2.length_normalized(models["linear"], n),
+             "ridge": ch2.ridge_at(pr.ridge_lambda(d, sigma2)), "GD re-tuned": ch2.gd_retuned(d, sigma2)}
+    for H in multi:
+        s = summaries[H]
+        preds[f"dGD own {H}"] = pr.debiased_gd_at(s["linearized_step"])
+        preds[f"GD own {H}"] = ch2.gd_at(s["linearized_step"])
+        preds[f"kernels {H}"] = ch2.kernel_sum_at(s["omega"], s["mu"])
+    pairs = [(a, f"{b} own {H}") for H in multi
+             for a, b in (("softmax", "dGD"), ("softmax", "GD"), (f"kernels {H}", "dGD"))]
+    exact_gd = np.array([pr.gd_risk(pr.gd_optimal_step(m, d, sigma2), m, d, sigma2) for m in test_lengths])
+    exact_dgd = np.array([pr.debiased_gd_risk(pr.debiased_gd_optimal_step(m, d, sigma2), m, d, sigma2)
+                          for m in test_lengths])
+    return preds, pairs, exact_gd, exact_dgd
+
+
+def training_line(runs, steps: int, linear_steps: int, extra_inits: int, dev) -> str:
+    """One line on the four training calls: models, steps, seconds, cache, device."""
+    run, lin, more = runs.run, runs.lin, runs.more
+    return (f"softmax ensemble, {len(runs.member_H)} models with {sum(runs.member_H)} heads: {steps} steps in "
+            f"{run.train_seconds:.0f} s ({steps / run.train_seconds:.0f} steps/s, "
+            f"{'from the cache' if run.from_cache else 'trained now'}); linear attention: {linear_steps} steps in "
+            f"{lin.train_seconds:.0f} s, with H = {runs.lin_H} heads: {runs.lin_heads.train_seconds:.0f} s; "
+            f"{extra_inits} extra H = 2 models: {f'{more.train_seconds:.0f} s' if more else '-'}; device {dev}")
+
+
+def h8_numbers(claims, summaries: Mapping, summ, formed: Mapping, history, steps: int, thresholds) -> dict:
+    """The numbers the closing discussion reads on the H = 8 per-head thresholds: which miss, the
+    weakest ratios, and the live heads that miss one (:func:`iclnb.chapters.ch02_kernels.weak_heads`);
+    "n/a" where H = 8 is not trained."""
+    from iclnb.chapters.ch02_kernels import weak_heads
+
+    if 8 not in summaries:
+        return {"h8_status": "H = 8 not trained in this run", "h8_diag": float("nan"), "h8_ov": float("nan"),
+                **{f"h8_{k}": "n/a" for k in ("weak", "weak_share", "weak_mu", "fading", "steady")}}
+    missed = [m.replace("-", " ") for m in ("diag-ratio", "ov-last", "last-row") if not claims[f"h8-{m}"].passed]
+    t_half = int(np.searchsorted(history.steps, steps // 2))
+    out = {"h8_status": "misses in this run: " + ", ".join(missed) if missed
+           else "all three thresholds hold in this run",
+           "h8_diag": claims["h8-diag-ratio"].value, "h8_ov": claims["h8-ov-last"].value}
+    weak = weak_heads(summ, formed[8], history.mu, t_half, *thresholds)
+    return out | {f"h8_{k}": v for k, v in weak.items()}
+
+
+def manifold_numbers(om_p: float, mu_p: float, f_log: float, n: int, d: int, sigma2: float) -> dict:
+    """How far the authors' Table 1 (omega, mu) sits from the solution manifold, in %, with their
+    omega as printed (their logs' scale) and on the model's scale (divided by ``f_log``)."""
+    from iclnb.analysis import flow
+
+    return {f"paper_manifold_pct_{tag}": 100 * abs(float(mu_p / flow.manifold(om, n, d, sigma2).mu) - 1)
+            for tag, om in (("log", om_p), ("model", om_p / f_log))}
+
+
+def linear_summaries(runs) -> list[dict]:
+    """The circuit summaries of the linear-attention rivals: the one-head model, then every model
+    of ``runs.lin_H`` (the head counts of :func:`iclnb.chapters.ch02_kernels.linear_rival`)."""
+    from iclnb.chapters.ch02_kernels import summarize
+
+    return [summarize(runs.lin.model.member_weights(0))] + [
+        summarize(runs.lin_heads.model.member_weights(k)) for k in range(len(runs.lin_H))]
+
+
+def metrics_at(pairs: Sequence[tuple], summ: Sequence[Mapping]) -> list[dict]:
+    """The head metrics of each model's circuits ``(kq, ov)`` in ``pairs``, read with the head
+    classes of its final summary in ``summ`` (so a head is judged by what it became)."""
+    from iclnb.analysis import circuits
+
+    return [circuits.metrics_of_heads(kq_, ov_, s["classes"]) for (kq_, ov_), s in zip(pairs, summ)]
+
+
+def same_sign_numbers(ss: Mapping | None, risk_more, risk_single: float, history) -> dict:
+    """The numbers the same-sign section's prose reads (``ss`` from
+    :func:`iclnb.chapters.ch02_kernels.same_sign_runs`, None when no extra inits were trained)."""
+    if ss is None:
+        return {"ss_risk": float("nan"), "ss_stuck": 0, "ss_escaped": 0, "ss_still": 0, "ss_early": 0,
+                "ss_escape_at": "none"}
+    return {"ss_risk": float(max((risk_more[j] / risk_single for j in ss["still"]), default=float("nan"))),
+            **{f"ss_{k}": len(ss[k]) for k in ("stuck", "escaped", "still")},
+            "ss_early": int(history.steps[ss["t_early"]]),
+            "ss_escape_at": ", ".join(f"{s:,}" for s in ss["escape_at"]) or "none"}
+
+
+def two_head_states(states, pair: Sequence[bool], ks2: Sequence[int], history) -> tuple[list, list]:
+    """(at the end, at step 0): the pair state of every two-head init of both ensembles, the extra
+    ones from ``states`` (their logged states) and the main ones ``ks2`` from ``pair`` and their
+    step-0 circuits."""
+    from iclnb.chapters.ch02_kernels import pair_state
+
+    end = list(states[:, -1]) + ["pair" if pair[k] else "no" for k in ks2]
+    start = list(states[:, 0]) + [pair_state(history.kq[k][0], history.ov[k][0]) for k in ks2]
+    return end, start
