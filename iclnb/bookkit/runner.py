@@ -255,6 +255,36 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
+def figure_cells_apart(notebook: Path) -> int:
+    """Give each figure its own cell in an executed notebook. MyST-NB wraps every rich output of a
+    cell whose metadata names a figure (``mystnb: figure: {caption, name}``) in that figure, so a
+    cell that also shows a table or a verdict box renders two targets of one name and the build
+    fails. The outputs before the cell's first image move to a cell before it, those after its
+    last image to a cell after it (both without code: ``remove-input``); the chapter's source is
+    unchanged. Returns how many cells were split."""
+    nb = json.loads(Path(notebook).read_text())
+    cells, split = [], 0
+    for cell in nb.get("cells", []):
+        outs = cell.get("outputs") or []
+        images = [i for i, o in enumerate(outs) if any(k.startswith("image/") for k in (o.get("data") or {}))]
+        figure = (cell.get("metadata") or {}).get("mystnb", {}).get("figure")
+        if cell.get("cell_type") != "code" or not figure or not images or len(outs) == images[-1] - images[0] + 1:
+            cells.append(cell)
+            continue
+        bare = {"cell_type": "code", "execution_count": None, "source": "",
+                "metadata": {"tags": ["remove-input"]}}
+        ids = {"id": f"{cell['id']}-"} if "id" in cell else {}  # nbformat 4.5 cells carry an id
+        before, after = outs[: images[0]], outs[images[-1] + 1:]
+        cells += [bare | {"outputs": before} | {k: v + "before" for k, v in ids.items()}] if before else []
+        cells.append(cell | {"outputs": outs[images[0]: images[-1] + 1]})
+        cells += [bare | {"outputs": after} | {k: v + "after" for k, v in ids.items()}] if after else []
+        split += 1
+    if split:
+        nb["cells"] = cells
+        Path(notebook).write_text(json.dumps(nb, indent=1))
+    return split
+
+
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
 # the kernel's own log at ERROR: ipykernel warns "Kernel is running over TCP without encryption" on
 # every start (the kernel is local, started by papermill on the loopback interface); a reader of
@@ -383,6 +413,7 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
     if not error and output.exists():
         error = unformattable_glue(output)
+        figure_cells_apart(output)
     if error and said:
         error += f" (the kernel's log, {kpath}, ends: {' | '.join(said[-3:])})"
     return Result(chapter, output, params, seconds, error, claims, preset, runs, retries, str(kpath) if said else "")

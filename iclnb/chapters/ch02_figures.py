@@ -222,7 +222,8 @@ def circuit_grid(panels: Sequence[tuple], titles: Sequence[str], draw):
     dpi = plt.rcParams["figure.dpi"]
     width = max(im.shape[1] for im in images) / dpi
     fig, axes = plt.subplots(len(images), 1, figsize=(width, sum(im.shape[0] for im in images) / dpi),
-                             gridspec_kw={"height_ratios": [im.shape[0] for im in images]}, squeeze=False)
+                             gridspec_kw={"height_ratios": [im.shape[0] for im in images]}, squeeze=False,
+                             layout="none")  # the images fill the figure: no layout engine (the style's is on)
     for ax, im in zip(axes[:, 0], images):
         ax.imshow(im)
         ax.set_axis_off()
