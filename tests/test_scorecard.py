@@ -183,5 +183,15 @@ def test_seeds_of_a_spec_claim_count_its_verdict():
     rec = {"seeds": [0, 1, 2, 3, 4], "claims": {"a": {"passed": [True] * 5, "null_passed": [True] * 4 + [False],
                                                       "status": [shared] * 4 + ["holds (not enforced)"]}}}
     row = {"id": "a", "kind": "check", "question": "mechanism", "status": "holds, shared with linear attention"}
-    assert seeds_cell(row, rec, False) == "shared at 4 of 5"
-    assert seeds_cell({**row, "status": "holds"}, rec, True) == "holds at 1 of 5 **not robust** (stale)"
+    assert seeds_cell(row, rec, False) == "shared at 5 of 5 (holds at 1)"
+    # over seeds the verdict is the strongest reached at 4 of 5, holds counting as reaching shared
+    assert seeds_cell({**row, "status": "holds"}, rec, True) == "shared at 5 of 5 (holds at 1) (stale)"
+    split = {"seeds": [0, 1, 2, 3, 4], "claims": {"a": {"passed": [True] * 5, "null_passed": [False] * 3 + [True] * 2,
+                                                        "status": ["holds"] * 3 + [shared] * 2}}}
+    assert seeds_cell(row, split, False) == "shared at 5 of 5 (holds at 3)"
+    assert records.seeds_verdict(split["claims"]["a"]) == ("shared", 5, 5, 3)
+    failing = {"status": ["holds"] * 3 + ["fails"] * 2}
+    assert records.seeds_verdict(failing)[:3] == ("holds", 3, 5)
+    assert seeds_cell(row, {"seeds": [0, 1, 2, 3, 4], "claims": {"a": {**failing, "passed": [True] * 3 + [False] * 2}}},
+                      False) == "holds at 3 of 5 **not robust**"
+    assert records.seeds_verdict({"status": ["holds"] * 4 + [shared]}) == ("holds", 4, 5, 0)

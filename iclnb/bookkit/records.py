@@ -95,6 +95,28 @@ def verdict_counts(entry: dict) -> list[tuple[str, int]]:
     return sorted(Counter(short).items(), key=lambda kv: -kv[1])
 
 
+STRENGTH = {"holds": 0, "holds (effect only)": 0, "reproduced": 0, "shared": 1, "shared (a finding)": 1}
+
+
+def seeds_verdict(entry: dict) -> tuple[str, int, int, int]:
+    """A claim's verdict over the seeds of a record: the strongest verdict reached at 4 of 5 seeds
+    or more, a seed with a stronger verdict counting as reaching the weaker one (holds, then
+    "shared": the value passes and so does its rival; a seed whose value fails reaches neither).
+    Returns (verdict in short words, seeds reaching it, seeds run, seeds with a stronger
+    verdict than it). Without such a verdict: the most frequent verdict and its count, and 0."""
+    short = [short_verdict(x) for x in entry.get("status") or []]
+    n = len(short)
+    strong = [w for w in short if STRENGTH.get(w) == 0]
+    reach_shared = sum(STRENGTH.get(w, 2) <= 1 for w in short)
+    if strong and robust(len(strong), n):
+        return Counter(strong).most_common(1)[0][0], len(strong), n, 0
+    if reach_shared and robust(reach_shared, n):
+        finding = any(w.endswith("(a finding)") or w == "reproduced" for w in short)
+        return "shared (a finding)" if finding else "shared", reach_shared, n, len(strong)
+    counts = verdict_counts(entry)
+    return (counts[0][0], counts[0][1], n, 0) if counts else ("not recorded", 0, n, 0)
+
+
 def summary(record: dict) -> list[str]:
     """The record in words: each claim's verdicts over the seeds (its pass rate where the record
     keeps none), and the evidence checks with no verdict at 4 of 5 seeds or more."""
@@ -105,8 +127,10 @@ def summary(record: dict) -> list[str]:
         k, n = pass_rate(e)
         counts = verdict_counts(e)
         words = "; ".join(f"{v} at {c}" for v, c in counts) if counts else f"holds at {k}"
-        lines.append(f"  {cid:32s} {e['kind']:8s} {words} of {n} seeds")
-        if e.get("kind") == "check" and not robust(counts[0][1] if counts else k, n):
+        verdict = seeds_verdict(e) if counts else None
+        over = f" -> {verdict[0]} at {verdict[1]} of {n}" if verdict and robust(verdict[1], n) else ""
+        lines.append(f"  {cid:32s} {e['kind']:8s} {words} of {n} seeds{over}")
+        if e.get("kind") == "check" and not robust(verdict[1] if verdict else k, n):
             weak.append(cid)
     if weak:
         lines.append(f"  evidence checks with no verdict at 80% of the seeds or more: {', '.join(weak)}")

@@ -317,11 +317,10 @@ def seeds_cell(r: dict, rec, stale: bool) -> str:
     kn = records.seed_passes(rec, r["id"])
     if kn is None:
         return "not in the record"
-    if r.get("question"):
-        verdict = records.bare_status(r["status"])
-        statuses = [records.bare_status(x) for x in (rec["claims"][r["id"]].get("status") or [])]
-        kn = (sum(x == verdict for x in statuses), kn[1])
-        text = f"{'shared' if verdict.startswith('holds, shared') else verdict} at {kn[0]} of {kn[1]}"
+    if r.get("question") and rec["claims"][r["id"]].get("status"):
+        word, k, n, stronger = records.seeds_verdict(rec["claims"][r["id"]])
+        kn = (k, n)
+        text = f"{word} at {k} of {n}" + (f" (holds at {stronger})" if stronger else "")
     else:
         text = f"{kn[0]} of {kn[1]}"
     text += " **not robust**" if r["kind"] == "check" and not records.robust(*kn) else ""
@@ -335,7 +334,7 @@ def _verdict_cell(r: dict) -> str:
 
 
 VERDICTS = ("holds", "holds (effect only)", "holds, shared with a rival", "fails", "not reproduced")
-SUMMARY_HEADERS = ("chapter", *VERDICTS, "reported", "sanity", "not attempted", "evidence holding at ≥ 4 of 5 seeds")
+SUMMARY_HEADERS = ("chapter", *VERDICTS, "reported", "sanity", "not attempted", "evidence checks holding (or shared) at ≥ 4 of 5 seeds")
 CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "question · rival", "threshold's basis", "at this run",
                  "over seeds", "margins over seeds: value; rival", "paper scale (or larger run)", "ref",
                  "paper's value", "ours", "rival's value")
@@ -400,8 +399,18 @@ def _counts(data: dict) -> list[int]:
 def _robust_count(data: dict, rec) -> tuple[int, int] | None:
     if rec is None:
         return None
-    kns = [records.seed_passes(rec, r["id"]) for r in data.get("claims", []) if r.get("kind") == "check"]
-    return sum(kn is not None and records.robust(*kn) for kn in kns), len(kns)
+    entries = [rec.get("claims", {}).get(r["id"]) for r in data.get("claims", []) if r.get("kind") == "check"]
+    return sum(_has_verdict(e) for e in entries), len(entries)
+
+
+def _has_verdict(entry: dict | None) -> bool:
+    """Whether a check of a record holds or is shared at 4 of 5 seeds or more."""
+    if entry is None:
+        return False
+    if not entry.get("status"):  # a record without verdict words: its pass rate
+        return records.robust(*records.pass_rate(entry))
+    word, k, n, _ = records.seeds_verdict(entry)
+    return records.STRENGTH.get(word, 2) <= 1 and records.robust(k, n)
 
 
 def _has_evidence(data: dict) -> bool:
@@ -466,8 +475,10 @@ def scorecard_markdown(chapters: list[tuple[str, str, dict]]) -> list[str]:
              "**holds** when the value passes and that rival fails, and **holds, shared with** the rival when "
              "both pass (the pattern then belongs to the task, not to softmax). A finding is a claim the chapter "
              "measures and does not see reproduce (**not reproduced**), never enforced, dated by its "
-             "declaration. The pass rate over seeds comes from the chapter run at each seed at its defaults; an "
-             "evidence check that holds at fewer than 4 of 5 seeds is marked **not robust**.", "",
+             "declaration. The verdict over seeds comes from the chapter run at each seed at its defaults: it is the "
+             "strongest verdict reached at 4 of 5 seeds or more, a seed that holds counting as reaching "
+             "\"shared\" (its value passes; so \"holds at 3, shared at 2\" reads shared at 5 of 5, holds at 3). "
+             "An evidence check with no such verdict is marked **not robust**.", "",
              md_row(SUMMARY_HEADERS), "|" + " --- |" + " ---: |" * (len(SUMMARY_HEADERS) - 2) + " --- |"]
             + [md_row(row) for row in summary] + ["", "Robustness records:", ""] + notes
             + ["", "### Paper scale", "",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from iclnb.analysis.stats import paired_se
 from iclnb.chapters.ch06_superposition import head_label, noiseless_target, prompt_features
 from iclnb.engine.util import check, check_int
 
@@ -41,9 +42,8 @@ def paired_distances(pred: torch.Tensor, ref_a: torch.Tensor, ref_b: torch.Tenso
     mean square of ``ref_a`` (one normaliser, so they compare), and the standard error of a - b over
     the prompts (paired: the same prompts)."""
     p = float((ref_a**2).mean())
-    diff = (((pred - ref_a) ** 2).mean(-1) - ((pred - ref_b) ** 2).mean(-1)) / p
-    a = float(((pred - ref_a) ** 2).mean()) / p
-    return a, float(((pred - ref_b) ** 2).mean()) / p, float(diff.std() / np.sqrt(diff.shape[0]))
+    ea, eb = (pred - ref_a) ** 2 / p, (pred - ref_b) ** 2 / p
+    return float(ea.mean()), float(eb.mean()), paired_se(ea, eb)
 
 
 def opposite_sign_needed(reading, mu) -> bool:

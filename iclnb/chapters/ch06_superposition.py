@@ -28,6 +28,7 @@ import torch
 
 from iclnb.analysis.circuits import mu_balance
 from iclnb.analysis.predictors import as_vector, debiased_gd_optimal_step, debiased_gd_risk, ridge_predict
+from iclnb.analysis.stats import wilson
 from iclnb.engine.util import check, check_int, is_real
 
 MODES = ("I", "II", "III", "IV", "other")
@@ -239,15 +240,6 @@ def read_run(kern: torch.Tensor, mu, ref_sup: torch.Tensor, ref_shared: torch.Te
     return RunReading(d_sup, d_sh, best, tuple(int(t) for t in best_a), tuple(both), mode)
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% at z = 1.96) of a binomial proportion k / n."""
-    check_int("n", n, 1)
-    p = k / n
-    c = (p + z * z / (2 * n)) / (1 + z * z / n)
-    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(max(0.0, c - h)), float(min(1.0, c + h))
-
-
 def noiseless_target(prompts) -> torch.Tensor:
     """The query's noiseless targets (B,T): x_q^T beta_t (the authors' multi-task code scores
     against these; the library's task adds the label noise to y_q as well)."""
@@ -275,13 +267,6 @@ def risks(preds: dict, prompts, chunk: int = 2000) -> tuple[dict, dict, dict]:
     r = {k: e.mean(-2).cpu().numpy() for k, e in err.items()}
     s = {k: (e.std(-2) / np.sqrt(B)).cpu().numpy() for k, e in err.items()}
     return r, s, err
-
-
-def paired_se(err_a: torch.Tensor, err_b: torch.Tensor) -> float:
-    """The standard error of the difference of two risks (mean over tasks) measured on the same
-    prompts, from their squared errors (B,T)."""
-    diff = (err_a - err_b).mean(-1)
-    return float(diff.std() / np.sqrt(diff.shape[0]))
 
 
 def paper_layout(omega_g, mu, groups) -> bool:
