@@ -216,6 +216,15 @@ def test_two_outputs_omega_mu_metrics_classes_and_plot():
         C.circuit_metrics(K, V)  # outputs not given: OV (H,D,T) is not one output
     fig = plot_circuits(K, V, classes=["positive", "negative"])
     assert len([a for a in fig.axes if a.get_visible()]) >= 4
+    # several models stacked in one figure: each drawn into a subfigure
+    import matplotlib.pyplot as plt
+
+    outer = plt.figure(figsize=(6, 8))
+    subs = outer.subfigures(2, 1)
+    assert plot_circuits(K, V, title="a", figure=subs[0]) is subs[0]
+    plot_circuits(K, V, title="b", figure=subs[1])
+    assert len([a for a in outer.axes if a.get_visible()]) >= 8
+    plt.close("all")
 
 
 def test_relu_normaliser_when_every_score_is_negative():

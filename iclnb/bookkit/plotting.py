@@ -126,14 +126,16 @@ def show_table(rows: Sequence[dict], columns: Sequence[str] | dict, fmt: str = "
 
 
 def plot_circuits(kq_, ov_, title: str = "", classes: Sequence[str] | None = None, vmax: float | None = None,
-                  per_row: int = 4):
+                  per_row: int = 4, figure=None):
     """One figure of a model's circuits: per head a KQ heatmap (D x D) above its OV rows (T x D).
 
     ``ov_`` (H, D) for one output or (H, D, T); D = d + T. Diverging colour map centred at 0,
     one colour scale for all KQ panels and one for all OV panels (so a dummy head shows as nearly
     white); at most ``per_row`` heads per row. The last T KQ columns multiply the query's
     always-zero label slots and are hatched as "unused" (they keep their random init); they are
-    left out of the colour scale. Returns the matplotlib figure.
+    left out of the colour scale. ``figure``: a matplotlib Figure or SubFigure to draw into (e.g.
+    one of ``fig.subfigures(n, 1)``, to stack several models in one figure); a new figure without
+    it. Returns the figure drawn into.
     """
     K, V = np.asarray(kq_, dtype=float), np.asarray(ov_, dtype=float)
     V = V[..., None] if V.ndim == 2 else V  # (H, D, T)
@@ -144,8 +146,8 @@ def plot_circuits(kq_, ov_, title: str = "", classes: Sequence[str] | None = Non
     vmax_ov = float(np.abs(V).max()) or 1.0
     ncol = min(H, per_row)
     groups = -(-H // ncol)
-    fig, axes = plt.subplots(2 * groups, ncol, figsize=(1.9 * ncol + 1.2, 2.9 * groups + 0.5), squeeze=False,
-                             gridspec_kw={"height_ratios": [D, 0.4 + T] * groups})
+    fig = figure if figure is not None else plt.figure(figsize=(1.9 * ncol + 1.2, 2.9 * groups + 0.5))
+    axes = fig.subplots(2 * groups, ncol, squeeze=False, gridspec_kw={"height_ratios": [D, 0.4 + T] * groups})
     for ax in axes.ravel():
         ax.set_visible(False)
     for h in range(H):
