@@ -7,6 +7,7 @@ import pytest
 from fake_chapter import front_matter, write_chapter
 
 from iclnb.bookkit import runner
+from iclnb.contract import UNTRAINED
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -29,14 +30,38 @@ def fresh_cache(tmp_path, monkeypatch):
     return path
 
 
+_SMOKE_RUNS: dict = {}  # (chapter, overrides) -> Result: each chapter executes once per session
+
+
+@pytest.fixture(scope="session")
+def _smoke_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("smoke-runs")
+
+
 @pytest.fixture
-def smoke_run(tmp_path):
-    """``smoke_run(number, **overrides)``: execute a chapter with its smoke parameters into
-    ``tmp_path``; assert it ran without error and wrote its claims; return the ``Result``."""
+def smoke_run(_smoke_dir):
+    """``smoke_run(number, **overrides)``: a chapter executed with its smoke parameters and every
+    model left at its initialisation (``ICLNB_UNTRAINED=1``), once per session for the same
+    arguments: the chapter's tests, the untrained-model test and the re-execution test read the
+    same run (the re-execution test's papermill run trains the smoke models). Asserts it ran without
+    error and wrote its claims; returns the ``Result``."""
 
     def run(number, **overrides):
-        ch = runner.find_chapter(number)
-        r = runner.run_chapter(ch, overrides, output=tmp_path / f"{ch.slug}.ipynb", smoke=True, log=lambda *_: None)
+        key = (number, repr(sorted(overrides.items())))
+        if key not in _SMOKE_RUNS:
+            ch = runner.find_chapter(number)
+            out = _smoke_dir / str(len(_SMOKE_RUNS)) / f"{ch.slug}.ipynb"
+            out.parent.mkdir()
+            before = os.environ.get(UNTRAINED)
+            os.environ[UNTRAINED] = "1"
+            try:
+                _SMOKE_RUNS[key] = runner.run_chapter(ch, overrides, output=out, smoke=True, log=lambda *_: None)
+            finally:
+                if before is None:
+                    os.environ.pop(UNTRAINED, None)
+                else:
+                    os.environ[UNTRAINED] = before
+        r = _SMOKE_RUNS[key]
         assert not r.error, f"{r.error} (partial notebook: {r.output})"
         assert r.claims.get("claims"), "the chapter recorded no claims"
         assert r.claims["enforced"] is False

@@ -180,3 +180,28 @@ def test_notebooks_define_no_functions():
                          if re.search(r"\blambda\b|^\s*(async\s+)?def\s", line)]
             bad += [f"{path.name} code cell {i + 1} line {line}: {what}" for line, what in nodes]
     assert not bad, "\n".join(bad)
+
+
+def private_imports(path: Path) -> list[str]:
+    """``line: module.name`` for every underscored name imported from another module of the
+    package by ``path`` (a module or a chapter's code)."""
+    source = path.read_text()
+    if path.suffix == ".md":
+        source = "\n".join(c.source for c in jupytext.reads(source, fmt="md:myst").cells
+                           if c.cell_type == "code" and not c.source.lstrip().startswith("%"))
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("iclnb"):
+            found += [f"{node.lineno}: {node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+@pytest.mark.parametrize("path", [p for name, p in MODULES.items() if layer(name) != "engine"]
+                         + sorted((ROOT / "notebooks").glob("0*.md")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_name_crosses_a_module(path):
+    """No underscored name is imported from another module by the library or a chapter (the
+    engine's own internals, which share its private helpers and whose source is frozen, excepted;
+    white-box tests may reach into the module they test): a name used elsewhere gets a public home."""
+    assert not private_imports(path), f"{path.name} imports private names: {private_imports(path)}"

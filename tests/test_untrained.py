@@ -14,11 +14,9 @@ CHAPTERS = [ch.number for ch in runner.chapters() if ch.kind == "chapter"]
 
 
 @pytest.mark.parametrize("number", CHAPTERS)
-def test_no_evidence_check_holds_untrained(number, tmp_path, monkeypatch):
-    monkeypatch.setenv("ICLNB_UNTRAINED", "1")
-    ch = runner.find_chapter(number)
-    r = runner.run_chapter(ch, {}, output=tmp_path / f"{ch.slug}.ipynb", smoke=True, log=lambda *_: None)
-    assert not r.error, f"{r.error} (partial notebook: {r.output})"
+def test_no_evidence_check_holds_untrained(number, smoke_run):
+    r = smoke_run(number)  # the session's smoke run: every model at its initialisation
+    ch = r.chapter
     runs = [json.loads(line) for line in r.output.with_suffix(".runs.jsonl").read_text().splitlines()]
     assert all(x.get("untrained") for x in runs), "a model was trained in the untrained run"
     data = r.claims

@@ -37,12 +37,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from iclnb.analysis.arrays import to_numpy
 from iclnb.engine.activations import (  # noqa: F401  (re-exported: the circuits' forward)
     ACTIVATIONS,
     FAMILIES,
     FAMILY_VALUES,
-    _np,
-    _np_shape,
     attention,
     family_activation,
     forward,
@@ -90,7 +89,7 @@ def _weights(w: Mapping) -> dict[str, np.ndarray]:
     missing = {"WQ", "WK", "WV", "WO"} - set(w)
     if missing:
         raise KeyError(f"weight dict is missing {sorted(missing)}; expected WQ, WK, WV, WO")
-    out = {k: _np(w[k]) for k in ("WQ", "WK", "WV", "WO")}
+    out = {k: to_numpy(w[k]) for k in ("WQ", "WK", "WV", "WO")}
     WQ = out["WQ"]
     if WQ.ndim != 3 or WQ.shape[1] != WQ.shape[2]:
         raise ValueError(f"WQ must have shape (H, D, D), got {WQ.shape}")
@@ -126,7 +125,7 @@ def ov(w: Mapping) -> np.ndarray:
 
 def diag_ratio(kq_, d: int) -> np.ndarray:
     """||diag(KQ[:d,:d])|| / ||KQ[:d,:d]||_F of KQ (..., D, D) (1: exactly diagonal; NaN for 0)."""
-    block = _np(kq_)[..., :d, :d]
+    block = to_numpy(kq_)[..., :d, :d]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.linalg.norm(np.diagonal(block, axis1=-2, axis2=-1), axis=-1) / np.linalg.norm(block, axis=(-2, -1))
 
@@ -147,7 +146,7 @@ def circuit_metrics(kq_, ov_, outputs: int = 1) -> list[dict]:
       ``sign_match``       sign(omega) == sign(mu_t) for every output t
       ``omega``, ``mu``    the head parameters (mu a number for one output, else a T-vector)
     """
-    K, V = _np(kq_), _np(ov_)
+    K, V = to_numpy(kq_), to_numpy(ov_)
     T = int(outputs)
     check_int("outputs", T, 1)
     want = K.shape[:2] if T == 1 and V.ndim == 2 else (*K.shape[:2], T)
@@ -190,7 +189,7 @@ def classify_heads(omega, mu, dummy_frac: float = 0.05) -> list[str]:
     -0.13, 0)) and on trained ones; a single-head model is never dummy unless its c is 0.
     """
     check("dummy_frac", dummy_frac, is_real(dummy_frac) and 0 <= dummy_frac < 1, "a number in [0, 1)")
-    omega, mu = _np(omega).ravel(), _np(mu)
+    omega, mu = to_numpy(omega).ravel(), to_numpy(mu)
     mu = mu.ravel() if mu.size == omega.size else mu
     if mu.shape[:1] != omega.shape or mu.ndim > 2:
         raise ValueError(f"omega {omega.shape} and mu {mu.shape}: need mu (H,) or (H, T) for H omegas")
@@ -211,7 +210,7 @@ def effective_gd_step(omega, mu, classes: Sequence[str]) -> float:
     For a +- pair (omega, mu), (-omega, -mu) the two kernels linearise to the debiased GD
     predictor with step 2 omega mu (paper eq. 4.10). With no positive head this is 0.
     """
-    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    omega, mu = to_numpy(omega).ravel(), to_numpy(mu).ravel()
     if len(classes) != omega.size:
         raise ValueError(f"{len(classes)} classes for {omega.size} heads")
     return float(2 * sum(o * m for o, m, c in zip(omega, mu, classes) if c == "positive"))
@@ -224,7 +223,7 @@ def linearized_step(omega, mu) -> float:
     ``y_hat ~ (sum_h mu_h) y_bar + (sum_h omega_h mu_h) (1/n) sum_i y_i (x_i - x_bar)^T x_q``;
     it equals :func:`effective_gd_step` when the positive and negative groups balance.
     """
-    omega, mu = _np(omega).ravel(), _np(mu).ravel()
+    omega, mu = to_numpy(omega).ravel(), to_numpy(mu).ravel()
     return float(np.sum(omega * mu))
 
 
@@ -243,7 +242,7 @@ def summarize_circuits(kq_, ov_, dummy_frac: float = 0.05) -> dict:
                          over the non-dummy heads (dummy heads are excluded, as in the paper)
       ``n_positive``, ``n_negative``, ``n_dummy``
     """
-    check("ov", np.shape(ov_), _np_shape(ov_) == 2, "OV (H, D): one output (the GD reading of one label)")
+    check("ov", np.shape(ov_), np.ndim(ov_) == 2, "OV (H, D): one output (the GD reading of one label)")
     rows = circuit_metrics(kq_, ov_)
     omega = np.array([r["omega"] for r in rows])
     mu = np.array([r["mu"] for r in rows])
