@@ -334,7 +334,8 @@ def _verdict_cell(r: dict) -> str:
 
 
 VERDICTS = ("holds", "holds (effect only)", "holds, shared with a rival", "fails", "not reproduced")
-SUMMARY_HEADERS = ("chapter", *VERDICTS, "reported", "sanity", "not attempted", "evidence checks holding (or shared) at ≥ 4 of 5 seeds")
+SUMMARY_HEADERS = ("chapter", *VERDICTS, "reported", "sanity", "not attempted",
+                   "evidence checks holding (or shared) at ≥ 4 of 5 seeds")
 CLAIM_HEADERS = ("chapter", "id", "claim", "whose", "question · rival", "threshold's basis", "at this run",
                  "over seeds", "margins over seeds: value; rival", "paper scale (or larger run)", "ref",
                  "paper's value", "ours", "rival's value")
