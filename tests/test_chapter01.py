@@ -10,11 +10,10 @@ from iclnb.bookkit.runner import find_chapter
 # recipe, the same initialisations trained at the old settings
 MECHANISM = ("icl-escaped-min", "icl-beats-uniform", "icl-step-size")
 # the paper's claim that the layer is GD, as an ordering against a tuned ridge on the same labels
-ORDERING = ("icl-gd-not-ridge",)
+ORDERING = ("icl-gd-not-ridge", "icl-n25-gd-not-ridge")
 # readings whose rival cannot pass (the exact solution, a closed form of the setup; the distance to the
 # targets, held up by GD's error floor): reported, with the rival beside them, no verdict
-REPORTED = ("icl-pred-diff", "icl-closer-to-gd", "icl-n25-pred-diff", "icl-n25-closer-to-gd", "icl-converged",
-            "icl-n25-gd-not-ridge")
+REPORTED = ("icl-pred-diff", "icl-closer-to-gd", "icl-n25-pred-diff", "icl-n25-closer-to-gd", "icl-converged")
 SANITY = ("grad-autograd", "adv-tight-gap", "ds-tight-gap", "identity-error", "icl-tasks")
 # sanity checks of a true/false statement (compare "is")
 BOOLEAN_SANITY = ("printed-update-ascends", "descent-descends", "ws-small-steps", "ws-m-holds",
@@ -27,6 +26,9 @@ def test_chapter01_spec():
     assert {c for c, s in spec.items() if s.question == "mechanism"} == set(MECHANISM + ORDERING)
     ridge = spec["icl-gd-not-ridge"]
     assert ridge.whose == "paper" and ridge.ordering and ridge.rival_kind == "tuned" and not ridge.amended
+    n25 = spec["icl-n25-gd-not-ridge"]  # promoted after its five-seed record was seen: declared after
+    assert n25.ordering and n25.margin == ridge.margin and [a.when for a in n25.amended] == ["after"]
+    assert "2026-11-28" in n25.amended[0].why and n25.amended[0].was.startswith("a report")
     assert all(spec[c].rival_kind == "trained" and spec[c].whose == "book" for c in MECHANISM)
     assert not any(s.question == "effect" for s in spec.values())
     assert all(spec[c].question == "report" for c in REPORTED)
@@ -71,7 +73,9 @@ def test_chapter01_smoke(smoke_run):
         assert c["question"] == "mechanism" and c["rival_kind"] == "trained" and c["own"] is True, cid
         assert c["null_kind"] == "competitor" and isinstance(c["null_value"], float), cid
     assert {c["id"] for c in data["claims"] if c["group"] == "evidence"} == set(MECHANISM + ORDERING)
-    assert claims["icl-gd-not-ridge"]["form"] == "ordering" and claims["icl-gd-not-ridge"]["own"] is False
+    for cid in ORDERING:
+        assert claims[cid]["form"] == "ordering" and claims[cid]["own"] is False, cid
+        assert isinstance(claims[cid]["null_value"], float), cid
     assert claims["icl-escaped-min"]["basis"] == "chosen"
     for cid in REPORTED + ("adv-fixed-gap", "ds-sa-gap", "icl-cosine", "icl-raw-vs-centred", "ws-m-slack"):
         assert claims[cid]["kind"] == "report" and claims[cid]["words"] == "reported", cid

@@ -48,6 +48,12 @@ HOW = {
                         "would be nearer it than GD and fail. This replaces the paired comparison with the targets "
                         "(icl-closer-to-gd, reported) as the evidence that the layer is GD. It is not a check of "
                         "closeness on its own: a layer that predicts 0 passes it too (see untrained_ok).",
+    "icl-n25-gd-not-ridge": "The ordering of icl-gd-not-ridge at the paper's second setting, n = 25: the same rival "
+                            "(a ridge on u tuned on the same tasks as GD's step), margin and rule. At n = 25 one GD "
+                            "step is a poor predictor, so a layer that predicted well would sit nearer the ridge. "
+                            "It was a report until 2026-11-28 and was made a check after the five-seed record of "
+                            "the report and the ridge distances at those seeds had been seen (declared after). A "
+                            "layer that predicts 0 passes it too (see untrained_ok).",
     "icl-pred-diff": "Reported, no verdict. The threshold 0.3 is the book's (the paper publishes no number). Its "
                      "rival, the exact solution, is a closed form of the setup: its distance to GD is fixed by n "
                      "and d, whatever the layer learned, so the claim cannot be asked as a mechanism question. The "

@@ -174,3 +174,11 @@ def sigma_inverse(M, S_inv, c: float, L: float, heatmap):
     for ax in axes:
         ax.set(xlabel="query coordinate", ylabel="key coordinate")
     return fig
+
+
+def sigma_inverse_table(err_sinv: dict, err_id: dict, aniso_L) -> tuple[list, list]:
+    """Rows and columns of the table of the correlated-covariate units: per form (and linear
+    attention) and L, the best multiple c of Sigma^-1, the distance from it and from a multiple of I."""
+    rows = [[f, f"{L:g}", f"{err_sinv[f][k][0]:.2f}", f"{err_sinv[f][k][1]:.3f}", f"{err_id[f][k]:.3f}"]
+            for f in err_sinv for k, L in enumerate(aniso_L)]
+    return rows, ["unit", "L", "c (M ≈ c Σ⁻¹)", "|M − cΣ⁻¹| / |M|", "|M − wI| / |M|"]
