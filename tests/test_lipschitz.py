@@ -367,7 +367,7 @@ def test_relative_risk_and_window_exponent():
         lp.relative_risk([1.0], [0.1], [0.0])
     s = np.array([1.0, 10, 100, 1000])
     fit = lp.window_exponent(s, 2 * s**0.5)
-    assert fit["exponent"] == pytest.approx(0.5) and fit["se"] < 1e-9
+    assert fit["exponent"] == pytest.approx(0.5) and fit["se"] < 1e-7
     # a window <= 0 (an untrained unit) is floored: finite, far below every real window
     bad = lp.window_exponent(s, [-0.3, 1.0, 2.0, 3.0])
     assert np.isfinite(bad["exponent"]) and bad["exponent"] > 1

@@ -10,7 +10,7 @@ The general pieces live in the shared modules: the task ``lipschitz``
 (:class:`iclnb.engine.tasks.LipschitzRegression`), the kernel units ``kernel`` and ``kernel_linear``
 (:mod:`iclnb.engine.models`), per-member risks (:func:`iclnb.analysis.predictors.mc_risk` with a list of tasks),
 the distance of M from a multiple of a matrix (:func:`iclnb.engine.readout.proportional_error`) and
-the fits (:func:`iclnb.engine.util.power_law_fit`, ``rank_correlation``). What is chapter 4's own
+the fits (:func:`iclnb.analysis.stats.power_law_fit`, ``rank_correlation``). What is chapter 4's own
 is here: the attention weights of a kernel matrix (:func:`kernel_weights`),
 :func:`window_curves` / :func:`optimal_window`, the Monte Carlo loss over M = w I split
 into bias and noise, and the chapter's null predictors: :func:`best_fixed_window` (one window for
@@ -31,6 +31,7 @@ import torch
 from scipy.stats import rankdata
 
 from iclnb.analysis.predictors import mc_risk
+from iclnb.analysis.stats import power_law_fit, rank_correlation
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, COVARIATES, LipschitzRegression  # noqa: F401  (chapter 4's names)
 from iclnb.engine.util import (
@@ -40,8 +41,6 @@ from iclnb.engine.util import (
     check_real,
     check_reals,
     generator,
-    power_law_fit,
-    rank_correlation,
 )
 
 PARAMETERS = ("d", "n", "sigma", "L_grid", "steps", "linear_steps", "batch", "lr", "log_every", "cross_L", "sweep_n",
@@ -303,7 +302,7 @@ def relative_risk(risk, se, reference) -> tuple[float, float]:
 
 
 def window_exponent(s, w, floor: float = 1e-6) -> dict:
-    """:func:`iclnb.engine.util.power_law_fit` of windows (or ratios of windows) ``w`` against
+    """:func:`iclnb.analysis.stats.power_law_fit` of windows (or ratios of windows) ``w`` against
     ``s``: {"exponent", "prefactor", "se"}. A w <= 0 is no window at all (an untrained unit's
     tr(M)/d can be negative); it is floored at ``floor``, so the fit stays finite and such a unit
     sits far below every real window."""

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 
 from iclnb.analysis.predictors import mc_risk
+from iclnb.analysis.stats import power_law_fit, rank_correlation
 from iclnb.chapters import ch04_lipschitz as lp
 from iclnb.engine.readout import proportional_error
 from iclnb.engine.tasks import CLASSES, LipschitzRegression
 from iclnb.engine.train import Run, TrainConfig, train
-from iclnb.engine.util import power_law_fit, rank_correlation, resolve_device
+from iclnb.engine.util import resolve_device
 
 WS = np.logspace(-1.5, 2.2, 45)  # the grid of w of the loss curves over M = w I
 PARAMETERS = lp.PARAMETERS + ("seed", "device")
