@@ -87,6 +87,11 @@ HOW = {
                     "seeds 0-4 in the record of 3905c79) and was replaced after that run (993fbb2) by an ordering "
                     "of the formula's error against the GD reading's, which held at 5 of 5 (records of 993fbb2 to "
                     "1ebc77f). Both are reports now: the first as h1-mu-formula, the second here",
+    "approx-loss": "the rival is L-tilde with its exp term linearised, exp(x) -> 1 + x, at the same (omega, mu): it "
+                   "equals L-tilde where d omega^2 is small, so it passes wherever the exp term does not matter; the "
+                   "margin is 3 Monte Carlo s.e. of the difference of the two errors. It replaces chapter 3's "
+                   "approx-vs-mc-small-omega (omega <= 0.1, where the linearised form and the exact GD risks pass "
+                   "alike; turn-5 referee), declared after those runs",
     "near-gd": "5% is ours; the rival is ridge at the Bayes-optimal penalty, on the same prompts. Debiased GD at "
                "its best step is within 1.3% of vanilla GD's risk and passes too, so near-gd and near-debiased-gd "
                "cannot tell vanilla from debiased GD (closer-debiased does)",
