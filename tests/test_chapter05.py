@@ -86,3 +86,35 @@ def test_chapter05_smoke(smoke_run):
     assert set(data["findings_skipped"]) == set(ch5.left_out(["linear", "shifted"], [2]))
     assert not data["missing_findings"]
     assert sorted([c["id"] for c in data["claims"]] + data["findings_skipped"]) == sorted(spec)
+
+
+def test_chapter05_reads_paper_figure_verdict():
+    """The reader items: code at most half of the source lines, no cell over 40 lines, every figure
+    named and captioned in a cell that shows nothing else (no table, no verdict box)."""
+    nb = runner.find_chapter(5).notebook()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    lines = {kind: sum(len(c.source.splitlines()) for c in nb.cells if c.cell_type == kind)
+             for kind in ("code", "markdown")}
+    assert lines["code"] <= lines["markdown"], lines
+    assert max(len(c.source.splitlines()) for c in code) <= 40
+    figures = [c for c in code if "figure" in c.metadata.get("mystnb", {})]
+    assert len(figures) >= 5
+    for c in figures:
+        fig = c.metadata["mystnb"]["figure"]
+        assert fig.get("name", "").startswith("ch5-") and fig.get("caption"), fig
+        assert not any(s in c.source for s in ("show_table", "claims.box", "display(", "claims.measure")), c.source
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert all(f"{{numref}}`{c.metadata['mystnb']['figure']['name']}`" in text for c in figures)
+    assert "## What reproduces and what does not" in text
+
+
+def test_chapter05_unit_grid():
+    from iclnb.chapters import ch05_runs
+
+    g = ch05_runs.unit_grid(["linear", "quadratic"], [1, 3], 2)
+    units, rival = g["units"], g["rival"]
+    assert len(g["grid"]) == 8 and units[:8] == [(*u, "sphere") for u in g["grid"]]
+    for m, u in enumerate(units):  # each unit's rank-0 unit: the same link and covariates
+        assert units[rival[m]][1] == 0 and units[rival[m]][0] == u[0] and units[rival[m]][3] == u[3]
+    assert [units[m] for m in g["gauss_idx"]] == [("quadratic", 1, 0, "gaussian"), ("quadratic", 3, 0, "gaussian")]
+    assert units[g["rival_of"]["linear"]] == ("linear", 0, 0, "sphere")

@@ -421,13 +421,13 @@ SCALES = np.concatenate([-np.logspace(-0.5, 2, 16)[::-1], [0.0], np.logspace(-0.
 # section 2's tables: every unit's recovery (its columns) and the worst unit per link (reduced so)
 UNIT_COLUMNS = {"link": "link", "k": "k", "rep": "subspace", "rho": "ρ", "angle": "angle (°)", "c": "c",
                 "fit": "|M − cBB^T| / |M|", "asym": "|M_a| / |M|", "rho_sym": "ρ of M_s",
-                "rho_riv": "rank-0 rival's ρ", "rho_lin": "linear attention ρ", "angle_lin": "its angle (°)"}
+                "rho_riv": "rank-0 unit's ρ", "rho_lin": "linear attention ρ", "angle_lin": "its angle (°)"}
 LINK_COLUMNS = {"link": "link", "rho": "softmax: max ρ", "angle": "max angle (°)", "fit": "max |M − cBB^T| / |M|",
-                "asym": "max |M_a| / |M|", "rho_riv": "rank-0 rival: min ρ", "rho_lin": "linear attention: min ρ",
+                "asym": "max |M_a| / |M|", "rho_riv": "rank-0 unit: min ρ", "rho_lin": "linear attention: min ρ",
                 "angle_lin": "min angle (°)"}
 GAIN_COLUMNS = {"link": "link", "iso": "min error(best w I) / error(learned)",  # section 3's table, per link
                 "oracle": "max error(best c BB^T) / error(learned)",
-                "rival": "min error(rank-0 rival) / error(learned)",
+                "rival": "min error(rank-0 unit) / error(learned)",
                 "linear": "min error(linear attention) / error(learned)"}
 LINK_REDUCE = {**dict.fromkeys(("rho", "angle", "fit", "asym"), max),
                **dict.fromkeys(("rho_riv", "rho_lin", "angle_lin"), min)}
@@ -488,6 +488,8 @@ _RANK0 = ("an effect: its rival, the rank-0 unit trained the same way, is the le
           "low-rank structure (its optimum is the isotropic w I by the task's rotation symmetry), a chance level "
           "that cannot pass, not a competing mechanism. The threshold is chosen")
 HOW = {
+    "slope-even": "a 3 s.e. Monte Carlo test of an exact symmetry over the even units: it checks the estimator, and "
+                  "can fail by chance (about 3% of runs with 12 units)",
     "lin-rho": _RANK0 + "; linear attention trained on the same prompts recovers col(B) on the linear link too (its "
                         "ρ in the table), so the recovery there is not specific to the softmax. ρ ignores the cross "
                         "blocks B^T M P_perp, which the angle reads (lin-angle)",

@@ -349,9 +349,12 @@ HOW = {  # the methodology of the chapter's verdict boxes (collapsed under each 
     "kq-diagonal-every-phi": "the rival is " + _LIN + "; its prediction depends only on the sum of mu_h KQ_h, so "
                              "its heads need not be diagonal one by one (the summed matrix is diagonal for "
                              "isotropic data in both models: only the per-head pattern is the activation's)",
-    "ov-last-every-phi": "the rival is " + _LIN + "; its heads read only the label in some runs (seed 0) and not "
-                         "in others (near 0.4 at seeds 3 and 4 of the robustness record of 6f16432): the "
-                         "verdict is shared where it does",
+    "ov-last-every-phi": "the rival is " + _LIN + ". Over the five seeds of the robustness record the models' "
+                         "ratio passes at 5 of 5 and linear attention's at 3 of 5 (seeds 0-2; near 0.4 at seeds "
+                         "3 and 4), so a seed reads 'holds, shared with' linear attention at 3 and 'holds' at 2. A "
+                         "verdict over seeds is the strongest one reached at 4 or more of the 5, a stronger verdict "
+                         "counting as reaching a weaker one: over the record, 'holds, shared with' linear attention "
+                         "(5 of 5). The threshold and the rival are unchanged",
     "kq-optimal-preconditioner": "the rival is Sigma^-1, the paper's own alternative, at its best multiple; the "
                                  "margin, half the best-multiple distance of Gamma* to Sigma^-1, is derived from "
                                  "the two closed forms, so a matrix at the midpoint, or a random one, fails",
@@ -367,7 +370,9 @@ HOW = {  # the methodology of the chapter's verdict boxes (collapsed under each 
     "zero-sum-rho": "an effect question per model, as zero-sum-every-phi: the chance level is the fraction of the "
                     "linear-attention models (" + _LIN + ") that cancel within 5%",
     "sign-match-rho": "the rival is " + _LIN + "; it matches its signs too: the pattern is the task's",
-    "ov-last-rho": "the rival is " + _LIN + "; chapter 2's rule, as ov-last-every-phi",
+    "ov-last-rho": "the rival is " + _LIN + "; chapter 2's rule, as ov-last-every-phi. Over the robustness record "
+                   "linear attention passes at seed 0 only (0.92-0.98 at seeds 1-4), so the verdict over seeds is "
+                   "'holds' (4 of 5)",
     "kq-diagonal-rho": "an effect question: the chance level is part 1's isotropic softmax model read the same way "
                        "(its heads are diagonal); the threshold is chapter 2's rule for a diagonal block",
 }

@@ -1,4 +1,5 @@
-"""Chapter 7's readings of its trained models, for the page's tables and verdicts: part 1's
+"""Chapter 7's runs and the readings of its trained models, for the page's tables and verdicts:
+part 1's training and readings (:func:`train_part1`, :func:`part1_readings`), its
 positive heads and Table 1 (:func:`positive_heads`, :func:`table1_rows`), the step fits and the
 debiased-or-vanilla ordering (:func:`step_readings`); part 2's closed forms, risks and
 preconditioner readings per rho (:func:`gamma_reading`, :func:`risk_reading`, :func:`read_rho`)
@@ -16,10 +17,11 @@ import torch
 
 from iclnb.analysis import predictors as pr
 from iclnb.analysis.arrays import to_numpy
-from iclnb.analysis.circuits import FAMILIES, family_activation, metrics_of_heads, summarize_circuits, taylor_c
+from iclnb.analysis.circuits import metrics_of_heads, summarize_circuits
 from iclnb.analysis.ensembles import head_grid, select_best
 from iclnb.chapters.ch07_beyond_softmax import (
     as_covariance,
+    claim_suffix,
     closer_debiased,
     fit_effective_step,
     fit_matrix_preconditioner,
@@ -32,11 +34,13 @@ from iclnb.chapters.ch07_beyond_softmax import (
     preconditioned_gd_best_step,
     preconditioned_gd_predict,
     preconditioned_gd_risk,
+    score_share_below,
 )
+from iclnb.engine.activations import FAMILIES, family_activation, taylor_c
 from iclnb.engine.readout import proportional_error
 from iclnb.engine.tasks import make_task
 from iclnb.engine.train import TrainConfig, train
-from iclnb.engine.util import check, check_int, check_ints, generator
+from iclnb.engine.util import check, check_int, check_ints, derive_seed, generator
 
 
 def check_parameters(p: dict) -> None:
@@ -79,6 +83,53 @@ def train_rho(rho, *, d: int, n: int, sigma2: float, inits: int, steps: int, lin
     lin = train(replace(cfg, model="linear", heads=(2,), init_seeds=init2[:1], model_params={"n_train": n},
                         steps=linear_steps))
     return {"task": task, "run": run, "k": best[None], "val": val, "lin": lin}
+
+
+def train_part1(acts, *, d: int, n: int, task, inits: int, steps: int, linear_steps: int, batch: int, lr: float,
+                seed: int, log_every: int, device="auto") -> dict:
+    """Part 1's two engine runs: ``inits`` initialisations of a two-head normalised-attention model
+    per activation of ``acts`` as one ensemble (member i K + k: initialisation i of ``acts[k]``),
+    all on the same prompts of ``task``, and the rival, two-head linear attention from every
+    activation's first initial weights on the same prompts. Returns ``run``, ``lin``, ``groups``
+    (activation -> its members), ``val`` (validation risks) and ``ks`` (the analysed member of every
+    activation, the lowest validation risk)."""
+    K = len(acts)
+    init = tuple(derive_seed(seed, "init", k) for k in range(K * inits))
+    cfg = TrainConfig(model="normalized", task="linear_regression", d=d, n=n, heads=(2,) * (K * inits),
+                      task_params=task.params, model_params={"activation": list(acts) * inits}, steps=steps,
+                      batch=batch, lr=lr, seed=seed, log_every=log_every, device=device, init_seeds=init)
+    run = train(cfg)
+    groups = {a: [k + K * i for i in range(inits)] for k, a in enumerate(acts)}
+    val, best = select_best(run.model, task, groups, seed=seed)
+    lin = train(replace(cfg, model="linear", heads=(2,) * K, model_params={"n_train": n}, init_seeds=init[:K],
+                        steps=linear_steps))
+    return {"run": run, "lin": lin, "groups": groups, "val": val, "ks": [best[a] for a in acts]}
+
+
+def part1_readings(run, lin, groups: dict, ks, acts, fam_of: dict, task, *, eta: float, eta_gd: float,
+                   sigma2: float, eval_prompts: int, seed: int, device) -> dict:
+    """Part 1's readings of the analysed models ``ks`` (one per activation of ``acts``; ``fam_of``
+    an activation's (family, value), :func:`activations`): the circuits
+    (:func:`read_part1`), the positive heads (:func:`positive_heads`), the step fits and the
+    debiased-or-vanilla ordering on ``eval_prompts`` fresh prompts (:func:`step_readings`: ``fits``),
+    the share of the shifted ReLUs' scores below their cut (``relu_cut``), the Monte Carlo risks on
+    the test prompts of the models, debiased GD at a unit step and at eta* and vanilla GD at eta_gd
+    (``risk_all``; ``risk1`` the analysed models'), and the linear-attention rivals' circuits
+    (``summ_lin``)."""
+    p1 = read_part1(run.history, groups, ks)
+    hp = positive_heads(p1["summ"], [taylor_c(a) for a in acts])
+    fresh = task.sample(eval_prompts, generator(seed, "step_fit", device=device), device, run.model.flat.dtype)
+    fits = step_readings(run.model, fresh, eta, eta_gd, sigma2)
+    relu_cut = [score_share_below(run.history.kq[k][-1], fresh[:2000], fam_of[a][1])
+                for k, a in zip(ks, acts) if fam_of.get(a, ("",))[0] == "shifted_relu"]
+    del fresh
+    risk_all = pr.mc_risk({"models": run.model, "unit": pr.debiased_gd_at(1.0), "eta": pr.debiased_gd_at(eta),
+                           "gd": partial(pr.gd_predict, eta=eta_gd)},
+                          task, num_prompts=eval_prompts, seed=seed, stream="test", device=device)
+    summ_lin = [summarize_circuits(lin.history.kq[k][-1], lin.history.ov[k][-1]) for k in range(len(acts))]
+    return {**p1, "hp": hp, "fits": fits, "relu_cut": max(relu_cut, default=0.0), "risk_all": risk_all,
+            "risk1": np.atleast_1d(risk_all["models"])[list(ks)], "summ_lin": summ_lin,
+            "sid": {a: claim_suffix(a) for a in acts}}
 
 
 def read_part1(history, groups: dict, ks) -> dict:
