@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-# phi of every activation of iclnb.analysis.circuits.ACTIVATIONS, written out independently
+# phi of every activation of iclnb.engine.activations.ACTIVATIONS, written out independently
 NAIVE_PHI = {
     "softplus": nn.functional.softplus, "sigmoid": torch.sigmoid, "relu": torch.relu, "exp": torch.exp,
     **{f"shifted_relu({a:g})": (lambda a: lambda s: torch.maximum(s + a, torch.zeros_like(s)))(a) for a in (0.8, 1.0)},

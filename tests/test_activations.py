@@ -8,46 +8,47 @@ import pytest
 import torch
 from naive import NAIVE_PHI, NaiveAttention
 
-from iclnb.analysis import circuits as C
+from iclnb.engine import activations
 from iclnb.engine.models import MODELS
 
 F64 = torch.float64
-FAMILY_NAMES = [C.family_activation(f, a) for f in C.FAMILIES for a in C.FAMILY_VALUES]
+FAMILY_NAMES = [activations.family_activation(f, a) for f in activations.FAMILIES for a in activations.FAMILY_VALUES]
 
 
 def test_families_are_registered_at_both_values():
-    assert len(C.FAMILIES) >= 3 and len(C.FAMILY_VALUES) == 2
-    assert set(FAMILY_NAMES) <= set(C.ACTIVATIONS) and "exp" in C.ACTIVATIONS
-    assert C.family_activation("shifted_relu", 1) == "shifted_relu(1)"
+    assert len(activations.FAMILIES) >= 3 and len(activations.FAMILY_VALUES) == 2
+    assert set(FAMILY_NAMES) <= set(activations.ACTIVATIONS) and "exp" in activations.ACTIVATIONS
+    assert activations.family_activation("shifted_relu", 1) == "shifted_relu(1)"
     with pytest.raises(ValueError):
-        C.family_activation("tanh", 1.0)
+        activations.family_activation("tanh", 1.0)
 
 
-@pytest.mark.parametrize("name", sorted(C.ACTIVATIONS))
+@pytest.mark.parametrize("name", sorted(activations.ACTIVATIONS))
 def test_phi_matches_naive_and_phi_prime_matches_autograd(name):
     g = torch.Generator().manual_seed(1)
     s = (torch.rand(4000, generator=g, dtype=F64) * 6 - 3).requires_grad_()
-    phi, dphi = C.ACTIVATIONS[name](s)
+    phi, dphi = activations.ACTIVATIONS[name](s)
     torch.testing.assert_close(phi, NAIVE_PHI[name](s), rtol=1e-12, atol=1e-12)
     (grad,) = torch.autograd.grad(phi.sum(), s)
     torch.testing.assert_close(dphi, grad, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("a", C.FAMILY_VALUES)
+@pytest.mark.parametrize("a", activations.FAMILY_VALUES)
 def test_taylor_c_closed_forms(a):
-    assert C.taylor_c(C.family_activation("shifted_relu", a)) == pytest.approx(1 / a)
-    assert C.taylor_c(C.family_activation("shifted_square", a)) == pytest.approx(2 / a)
-    assert C.taylor_c(C.family_activation("scaled_softplus", a)) == pytest.approx(a / (2 * math.log(2)))
-    assert C.taylor_c("exp") == C.taylor_c("softmax") == 1.0
-    assert C.taylor_c("relu") == math.inf  # phi(0) = 0: no first-order expansion around phi(0)
+    assert activations.taylor_c(activations.family_activation("shifted_relu", a)) == pytest.approx(1 / a)
+    assert activations.taylor_c(activations.family_activation("shifted_square", a)) == pytest.approx(2 / a)
+    softplus = activations.family_activation("scaled_softplus", a)
+    assert activations.taylor_c(softplus) == pytest.approx(a / (2 * math.log(2)))
+    assert activations.taylor_c("exp") == activations.taylor_c("softmax") == 1.0
+    assert activations.taylor_c("relu") == math.inf  # phi(0) = 0: no first-order expansion around phi(0)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_first_order_expansion(name):
     s = torch.tensor([1e-4, -1e-4], dtype=F64)
-    phi, _ = C.ACTIVATIONS[name](s)
-    phi0, _ = C.ACTIVATIONS[name](torch.zeros(1, dtype=F64))
-    c = C.taylor_c(name)
+    phi, _ = activations.ACTIVATIONS[name](s)
+    phi0, _ = activations.ACTIVATIONS[name](torch.zeros(1, dtype=F64))
+    c = activations.taylor_c(name)
     torch.testing.assert_close(phi, phi0 * (1 + c * s), rtol=1e-7, atol=0)
 
 

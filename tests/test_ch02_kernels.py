@@ -154,19 +154,6 @@ def test_the_claims_reductions():
     assert torch.equal(ch2.ridge_at(0.5)(X, y, xq), P.ridge_predict(X, y, xq, 0.5))
 
 
-def test_binomial_upper_is_the_quantile_of_the_matched_fraction():
-    from math import comb
-
-    for n, q in ((1, 0.99), (4, 0.99), (10, 0.95), (47, 0.99)):
-        got = ch2.binomial_upper(n, q)
-        k = round(got * n)
-        cdf = sum(comb(n, i) for i in range(k + 1)) / 2**n
-        below = sum(comb(n, i) for i in range(k)) / 2**n
-        assert cdf >= q - 1e-12 and below < q
-    assert ch2.binomial_upper(4, 0.99) == 1.0  # four heads: all matching is not unusual enough
-    assert ch2.binomial_upper(47, 0.99) < 0.7
-
-
 def test_pooled_sign_match_counts_live_heads_only():
     s1 = {"heads": [{"sign_match": True}, {"sign_match": False}], "classes": ["positive", "dummy"]}
     s2 = {"heads": [{"sign_match": False}, {"sign_match": True}], "classes": ["negative", "negative"]}

@@ -9,6 +9,7 @@ import torch
 from iclnb.analysis import circuits as C
 from iclnb.analysis.predictors import kernel_sum_predict
 from iclnb.bookkit.plotting import plot_circuits
+from iclnb.engine import activations, readout
 
 
 def build_model(kq_blocks, ov_vecs, seed=0):
@@ -87,7 +88,7 @@ def test_forward_matches_the_model_definition():
     w = build_model(K, V, seed=3)
     X, y, xq = prompts(d=d)
     Z = torch.cat([X, y.unsqueeze(-1)], dim=-1)
-    torch.testing.assert_close(C.forward(C.kq(w), C.ov(w), Z, xq), direct_predict(w, X, y, xq))
+    torch.testing.assert_close(activations.forward(C.kq(w), C.ov(w), Z, xq), direct_predict(w, X, y, xq))
 
 
 def test_pattern_model_is_a_sum_of_kernel_regressors():
@@ -102,7 +103,7 @@ def test_omega_mu_metrics_and_classes_on_the_paper_pattern():
     d = 5
     omega, mu = [0.13, -0.13, 1e-4, 0.12], [3.45, -3.45, 2e-3, 3.0]
     w, _, _ = pattern_model(omega, mu, d)
-    om, m = C.omega(C.kq(w), d), C.mu(C.ov(w), d)
+    om, m = readout.omega(C.kq(w), d), readout.mu(C.ov(w), d)
     np.testing.assert_allclose(om, omega, atol=1e-10)
     np.testing.assert_allclose(m, mu, atol=1e-10)
     for row in C.circuit_metrics(C.kq(w), C.ov(w)):
@@ -161,7 +162,8 @@ def test_plot_circuits_draws_every_head():
     import matplotlib.pyplot as plt
 
     w, K, V = pattern_model([0.1, -0.1, 0.0, 0.2, -0.2], [1.0, -1.0, 0.0, 2.0, -2.0], d=3)
-    fig = plot_circuits(C.kq(w), C.ov(w), title="t", classes=C.classify_heads(C.omega(C.kq(w), 3), C.mu(C.ov(w), 3)))
+    classes = C.classify_heads(readout.omega(C.kq(w), 3), readout.mu(C.ov(w), 3))
+    fig = plot_circuits(C.kq(w), C.ov(w), title="t", classes=classes)
     visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
     assert len(visible) == 2 * 5  # a KQ and an OV panel per head
     plt.close(fig)
@@ -191,7 +193,7 @@ def test_forward_from_circuits_is_the_model(name, mk, activation, T):
         w = m.member_weights(k)
         np.testing.assert_allclose(C.kq(w), KQ[sl].detach().numpy(), atol=1e-12)
         np.testing.assert_allclose(C.ov(w), OV[sl].detach().numpy(), atol=1e-12)  # (H,D) or (H,D,T)
-        y = C.forward(KQ[sl], OV[sl], Z, xq, activation, getattr(m, "n_train", None))
+        y = activations.forward(KQ[sl], OV[sl], Z, xq, activation, getattr(m, "n_train", None))
         assert y.shape == ((9,) if T == 1 else (9, T))
         torch.testing.assert_close(y, pred[k].detach(), rtol=0, atol=1e-10)
 
@@ -204,14 +206,14 @@ def test_two_outputs_omega_mu_metrics_classes_and_plot():
     K[0, :d, :d], K[1, :d, :d] = 0.2 * np.eye(d), -0.1 * np.diag([1.0, 2.0, 3.0])
     V[0, d, 0], V[0, d + 1, 1] = 1.5, 0.5
     V[1, d, 0], V[1, d + 1, 1] = -2.0, -1.0
-    np.testing.assert_allclose(C.omega(K, d), [0.2, -0.2])
-    np.testing.assert_allclose(C.omega(K, d, per_coordinate=True)[1], [-0.1, -0.2, -0.3])
-    np.testing.assert_allclose(C.mu(V, d, T), [[1.5, 0.5], [-2.0, -1.0]])
-    np.testing.assert_allclose(C.mu(V[None], d, T)[0], C.mu(V, d, T))  # a leading (logged steps) axis
+    np.testing.assert_allclose(readout.omega(K, d), [0.2, -0.2])
+    np.testing.assert_allclose(readout.omega(K, d, per_coordinate=True)[1], [-0.1, -0.2, -0.3])
+    np.testing.assert_allclose(readout.mu(V, d, T), [[1.5, 0.5], [-2.0, -1.0]])
+    np.testing.assert_allclose(readout.mu(V[None], d, T)[0], readout.mu(V, d, T))  # a leading (logged steps) axis
     rows = C.circuit_metrics(K, V, outputs=T)
     assert [r["diag_ratio"] for r in rows] == [1.0, 1.0] and all(r["sign_match"] for r in rows)
     assert rows[0]["ov_last_ratio"] == pytest.approx(1.0) and rows[1]["diag_homogeneity"] > 0.1
-    assert C.classify_heads(C.omega(K, d), C.mu(V, d, T)) == ["positive", "negative"]
+    assert C.classify_heads(readout.omega(K, d), readout.mu(V, d, T)) == ["positive", "negative"]
     with pytest.raises(ValueError, match="OV"):
         C.circuit_metrics(K, V)  # outputs not given: OV (H,D,T) is not one output
     fig = plot_circuits(K, V, classes=["positive", "negative"])
@@ -231,11 +233,11 @@ def test_relu_normaliser_when_every_score_is_negative():
     from iclnb.engine.models import MODELS
 
     S = torch.tensor([[-1.0, -2.0, -0.5], [1.0, -1.0, 3.0]], dtype=torch.float64)
-    p = C.attention(S, "relu")
+    p = activations.attention(S, "relu")
     torch.testing.assert_close(p[0], torch.zeros(3, dtype=torch.float64))  # 0/0 is defined as 0
     torch.testing.assert_close(p[1], torch.tensor([0.25, 0.0, 0.75], dtype=torch.float64))
     Sg = S.clone().requires_grad_()
-    C.attention(Sg, "relu").sum().backward()
+    activations.attention(Sg, "relu").sum().backward()
     assert torch.isfinite(Sg.grad).all()
     # a head whose every score is <= 0 outputs 0 and gets a finite (zero) gradient, hand and autograd
     m = MODELS["normalized"](d=2, heads=[1], seeds=[0], device="cpu", dtype=torch.float64, activation="relu")

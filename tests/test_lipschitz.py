@@ -11,9 +11,9 @@ import pytest
 import torch
 from naive import KERNEL_CASES, NaiveKernel
 
-from iclnb.analysis import circuits
 from iclnb.analysis.predictors import mc_risk
 from iclnb.chapters import ch04_lipschitz as lp
+from iclnb.engine import readout
 from iclnb.engine.models import MODELS
 from iclnb.engine.tasks import CLASSES, LINKS, TASKS, LipschitzRegression, kms_covariance, make_task, sample_members
 from iclnb.engine.train import TrainConfig, train
@@ -170,7 +170,7 @@ def test_kernel_matrix_logs_and_init():
     mine = m.member_log(logs, 1)
     M = m.matrix()[1].detach().numpy()
     np.testing.assert_allclose(mine["w"][0], np.trace(M) / 3)
-    np.testing.assert_allclose(mine["iso"][0], circuits.proportional_error(M)[1])
+    np.testing.assert_allclose(mine["iso"][0], readout.proportional_error(M)[1])
 
 
 @pytest.mark.parametrize("kwargs,name", [({"heads": [1, 2]}, "heads"), ({"outputs": 2}, "outputs"),
@@ -198,10 +198,10 @@ def test_window_grows_with_L_in_training(tmp_path, monkeypatch):
 # ---- analysis ---------------------------------------------------------------------------------------
 def test_proportional_error_fits_and_ranks():
     S = kms_covariance(3, 0.5).numpy()
-    assert circuits.proportional_error(3 * np.eye(3)) == (3.0, 0.0)
-    c, e = circuits.proportional_error(2 * np.linalg.inv(S), np.linalg.inv(S))
+    assert readout.proportional_error(3 * np.eye(3)) == (3.0, 0.0)
+    c, e = readout.proportional_error(2 * np.linalg.inv(S), np.linalg.inv(S))
     assert math.isclose(c, 2) and e < 1e-12
-    assert circuits.proportional_error(np.linalg.inv(S))[1] > 0.2
+    assert readout.proportional_error(np.linalg.inv(S))[1] > 0.2
     x = np.array([1.0, 10, 100, 1000])
     fit = power_law_fit(x, 3 * x**0.4)
     assert math.isclose(fit["exponent"], 0.4) and math.isclose(fit["prefactor"], 3) and fit["se"] < 1e-9
@@ -274,7 +274,7 @@ def test_kernel_unit_and_linear_attention_fit():
     torch.testing.assert_close(per, ref)
     # for the affine class, f = L q.x + b: E[y x] = L q / d, so M is a multiple of I (at most d I,
     # shrunk at finite n) and c is close to 1 (ybar carries b)
-    scale, iso = circuits.proportional_error(M[0].numpy())
+    scale, iso = readout.proportional_error(M[0].numpy())
     assert 0 < scale <= 3 and iso < 0.1 and abs(c[0].item() - 1) < 0.1
     # least squares: the intercept never hurts, and the fit beats a perturbed one out of sample
     r = mc_risk({"b": fit, "plain": plain, "worse": lp.LinearAttentionFit(M * 1.2, c)}, t, num_prompts=4000,

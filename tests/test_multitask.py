@@ -11,6 +11,7 @@ from naive import NaiveAttention
 from iclnb.analysis import circuits
 from iclnb.analysis import predictors as pr
 from iclnb.chapters import ch06_superposition as sp
+from iclnb.engine import activations
 from iclnb.engine.models import SoftmaxAttention
 from iclnb.engine.tasks import MultiTaskRegression, default_supports, make_task
 
@@ -83,14 +84,14 @@ def test_two_output_model_against_the_naive_reference():
     # the forward from the circuits is the model, and the diagonal kernel sum is that forward
     # when KQ is diagonal and OV reads only the label slots
     w = m.member_weights(1)
-    torch.testing.assert_close(circuits.forward(circuits.kq(w), circuits.ov(w), p.Z, p.xq), ref[1])
+    torch.testing.assert_close(activations.forward(circuits.kq(w), circuits.ov(w), p.Z, p.xq), ref[1])
     om, mu = np.array([[0.1, -0.2, 0.3, 0.0, 0.1, 0.2], [0.05] * 6]), np.array([[1.0, -2.0], [0.5, 3.0]])
     kq = np.zeros((2, 8, 8))
     kq[:, range(6), range(6)] = om
     ov = np.zeros((2, 8, 2))
     ov[:, 6, 0], ov[:, 7, 1] = mu[:, 0], mu[:, 1]
     torch.testing.assert_close(sp.diag_kernel_sum_predict(p.X, p.y, p.xq, om, mu),
-                               circuits.forward(kq, ov, p.Z, p.xq))
+                               activations.forward(kq, ov, p.Z, p.xq))
 
 
 # ---- the predictors -----------------------------------------------------------------------------

@@ -36,12 +36,14 @@ def test_wilson_equals_the_formula(k, n):
 
 
 def test_binomial_upper_is_the_quantile():
-    for n in (5, 12, 40):
-        q = stats.binomial_upper(n, 0.99)
-        k = round(q * n)
+    for n, q in ((1, 0.99), (4, 0.99), (5, 0.99), (10, 0.95), (12, 0.99), (40, 0.99), (47, 0.99)):
+        got = stats.binomial_upper(n, q)
+        k = round(got * n)
         cdf = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
         below = sum(math.comb(n, i) for i in range(k)) / 2**n
-        assert cdf >= 0.99 > below
+        assert cdf >= q - 1e-12 and below < q
+    assert stats.binomial_upper(4, 0.99) == 1.0  # four heads all matching is not unusual enough
+    assert stats.binomial_upper(47, 0.99) < 0.7
 
 
 def test_rank_correlation_and_power_law_equal_the_engine_copies():

@@ -16,14 +16,15 @@ with the kernel softmax, another normalised activation phi (p_i = phi(s_i) / sum
   ``OV_h^T z_i``;
 * ``omega_h`` = mean of the first d diagonal entries of ``KQ_h`` (the kernel bandwidth; the
   d-vector of them with ``per_coordinate=True``) and ``mu_h`` = the label entries
-  ``OV_h[d + t, t]`` (a number for T = 1, a T-vector otherwise): :func:`omega`, :func:`mu`.
+  ``OV_h[d + t, t]`` (a number for T = 1, a T-vector otherwise): :func:`iclnb.engine.readout.omega`,
+:func:`iclnb.engine.readout.mu` (their one home; imported here for the metrics).
 
 The last T columns of ``KQ_h`` multiply the query's label slots, which are always 0: they never
 affect the output, get no gradient and keep their random initial values. Every pattern metric
 here therefore uses only ``KQ_h[:d, :d]`` (and the label rows ``KQ_h[d:, :d]``).
 
-:func:`forward` is the one prediction from circuits (the models' per-member forward, the
-chapters' layers read at a logged step use it). Functions accept
+:func:`iclnb.engine.activations.forward` is the one prediction from circuits (the models'
+per-member forward, the chapters' layers read at a logged step use it). Functions accept
 torch tensors or numpy arrays; the metrics return numpy arrays / python values, which is what
 tables and plots want. Arrays of circuits may carry leading axes (e.g. logged steps): ``KQ``
 (..., H, D, D), ``OV`` (..., H, D) for one output or (..., H, D, T); functions that cannot tell
@@ -38,34 +39,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from iclnb.analysis.arrays import to_numpy
-from iclnb.engine.activations import (  # noqa: F401  (re-exported: the circuits' forward)
-    ACTIVATIONS,
-    FAMILIES,
-    FAMILY_VALUES,
-    attention,
-    family_activation,
-    forward,
-    head_outputs,
-    normaliser,
-    taylor_c,
-)
-from iclnb.engine.readout import mu, omega, proportional_error  # noqa: F401  (re-exported)
+from iclnb.engine.readout import mu, omega
 from iclnb.engine.util import check, check_int, is_real
 
 __all__ = [
-    "ACTIVATIONS",
-    "FAMILIES",
-    "FAMILY_VALUES",
-    "family_activation",
-    "taylor_c",
-    "attention",
-    "normaliser",
-    "head_outputs",
-    "forward",
     "kq",
     "ov",
-    "omega",
-    "mu",
     "diag_ratio",
     "circuit_metrics",
     "summarize_circuits",
@@ -73,7 +52,6 @@ __all__ = [
     "effective_gd_step",
     "linearized_step",
     "HEAD_CLASSES",
-    "proportional_error",
     "metrics_of_heads",
     "mu_balance",
     "pooled_sign_match",
@@ -83,7 +61,6 @@ __all__ = [
 HEAD_CLASSES = ("positive", "negative", "dummy")
 
 
-# ---- activations and the forward from circuits: iclnb.engine.activations
 # ---- circuits of a weight dict -----------------------------------------------------------------
 def _weights(w: Mapping) -> dict[str, np.ndarray]:
     missing = {"WQ", "WK", "WV", "WO"} - set(w)

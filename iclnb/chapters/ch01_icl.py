@@ -3,7 +3,7 @@
 
 The task sampler is :class:`iclnb.engine.tasks.SoftmaxRegression` and the layers train on the engine
 (:func:`iclnb.engine.train.train`); here are a trained head read through its circuits, at the end or at
-any logged step (:class:`CircuitLayer`, whose weights are :func:`iclnb.analysis.circuits.attention`), one
+any logged step (:class:`CircuitLayer`, whose weights are :func:`iclnb.engine.activations.attention`), one
 GD step from zero (:class:`GDStep`), the exact solution (:class:`Oracle`) and the uniform
 baseline (:class:`Uniform`), and :func:`icl_comparison` with the metrics of von Oswald et al.
 (:func:`von_oswald_metrics`). The objects of softmax regression themselves (f, the loss, its
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from iclnb.analysis import circuits
 from iclnb.chapters.ch01_regression import gd_step, logits, make_generator
+from iclnb.engine import activations, readout
 from iclnb.engine.tasks import SoftmaxRegression
 from iclnb.engine.util import check_choice, resolve_device
 
@@ -125,7 +125,7 @@ class CircuitLayer:
     def predict(self, A: torch.Tensor, b: torch.Tensor, Aq: torch.Tensor, with_sensitivity: bool = False):
         """Predictions (B,Q) for tasks ``(A, b)`` at queries ``Aq`` (B,Q,d), in float64; with
         ``with_sensitivity`` also ``d y_hat / d a_q`` (B,Q,d) in closed form. The weights are
-        :func:`iclnb.analysis.circuits.attention` of the scores (the kernel of the circuits' forward)."""
+        :func:`iclnb.engine.activations.attention` of the scores (the kernel of the circuits' forward)."""
         Z = self.task.tokens(A, b).to(torch.float64)
         Aq = Aq.to(torch.float64)
         d = Aq.shape[-1]
@@ -133,7 +133,7 @@ class CircuitLayer:
         ZK = Z @ K  # (B,n,d): row i is K^T z_i
         S = ZK @ Aq.transpose(-1, -2)  # (B,n,Q)
         v = Z @ ov  # (B,n)
-        P = circuits.attention(S, self.kind, self.n_train, dim=-2)
+        P = activations.attention(S, self.kind, self.n_train, dim=-2)
         y = (P * v.unsqueeze(-1)).sum(-2)  # (B,Q)
         if not with_sensitivity:
             return y
@@ -145,13 +145,13 @@ class CircuitLayer:
 
     @property
     def omega(self) -> float:
-        """Mean of the first d diagonal entries of KQ (:func:`iclnb.analysis.circuits.omega`)."""
-        return float(circuits.omega(self.kq, self.kq.shape[0] - 1))
+        """Mean of the first d diagonal entries of KQ (:func:`iclnb.engine.readout.omega`)."""
+        return float(readout.omega(self.kq, self.kq.shape[0] - 1))
 
     @property
     def mu(self) -> float:
-        """The label entry of OV (:func:`iclnb.analysis.circuits.mu`)."""
-        return float(circuits.mu(self.ov, self.kq.shape[0] - 1))
+        """The label entry of OV (:func:`iclnb.engine.readout.mu`)."""
+        return float(readout.mu(self.ov, self.kq.shape[0] - 1))
 
     def effective_step(self) -> float:
         """``n mu omega``: the GD step size this layer takes to first order in omega (softmax),

@@ -33,6 +33,7 @@ from iclnb.analysis.predictors import (
     kernel_sum_predict,
     ridge_predict,
 )
+from iclnb.analysis.stats import paired_se
 from iclnb.engine.train import train
 from iclnb.engine.util import check, check_int, check_ints, check_real, check_reals, check_regression, derive_seed
 
@@ -40,8 +41,8 @@ __all__ = [
     "Runs", "train_runs", "summarize", "group_params", "pattern_ok", "pair_state", "gd_at", "linearized_kernel_predict",
     "kernel_and_baselines", "nw_reference_params", "length_normalized", "gd_retuned", "kernel_sum_at",
     "ridge_at", "member_order", "over", "pattern_counts", "sign_match_fraction", "value_range",
-    "relative_spread", "summary_text", "member_summaries", "binomial_upper",
-    "spread_se", "pair_fraction", "pair_states", "same_sign_runs", "own_step_gaps", "weak_heads", "best_scale",
+    "relative_spread", "summary_text", "member_summaries", "spread_se", "pair_fraction", "pair_states",
+    "same_sign_runs", "own_step_gaps", "weak_heads", "best_scale",
     "single_head_readings", "restart_spread",
     "SPEC_HEADS", "PATTERNS", "absent", "HOW", "check_parameters", "authors_scale_rows", "linear_rival",
     "best_per_head_count", "PAPER_OMEGA", "PAPER_MU", "SCALES",
@@ -329,18 +330,6 @@ def member_summaries(model, hs: Sequence[int]) -> dict[int, dict]:
     return {int(H): summarize(model.member_weights(k)) for k, H in enumerate(hs)}
 
 
-def binomial_upper(n: int, q: float = 0.99, p: float = 0.5) -> float:
-    """The ``q`` quantile of the fraction k/n, k ~ Binomial(n, p): the matched fraction that
-    chance (each head's two signs matching with probability p) stays below with probability q."""
-    check_int("n", n, 1)
-    check_real("q", q, minimum=0.0, maximum=1.0)
-    k = np.arange(n + 1)
-    logpmf = (np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-              + k * math.log(p) + (n - k) * math.log1p(-p))
-    cdf = np.cumsum(np.exp(logpmf))
-    return float(np.searchsorted(cdf, q - 1e-12) / n)
-
-
 def spread_se(errors: Mapping[int, np.ndarray]) -> tuple[float, float]:
     """(relative spread, its standard error) of the risks of several models measured on the same
     prompts: ``errors[H]`` the per-prompt squared errors of model H; the spread is
@@ -348,8 +337,7 @@ def spread_se(errors: Mapping[int, np.ndarray]) -> tuple[float, float]:
     the worst and the best model, divided by the best one's mean."""
     means = {H: float(np.mean(e)) for H, e in errors.items()}
     hi, lo = max(means, key=means.get), min(means, key=means.get)
-    diff = np.asarray(errors[hi], dtype=float) - np.asarray(errors[lo], dtype=float)
-    return (means[hi] - means[lo]) / means[lo], float(diff.std(ddof=1) / math.sqrt(diff.size) / means[lo])
+    return (means[hi] - means[lo]) / means[lo], paired_se(errors[hi], errors[lo]) / means[lo]
 
 
 def pair_states(history, members: int) -> np.ndarray:

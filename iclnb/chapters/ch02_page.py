@@ -18,6 +18,7 @@ import numpy as np
 from iclnb.analysis import circuits, flow
 from iclnb.analysis import predictors as pr
 from iclnb.analysis.ensembles import select_best
+from iclnb.analysis.stats import binomial_upper
 from iclnb.chapters import ch02_kernels as ch2
 
 __all__ = ["analyse", "optimal_steps", "pattern_claims", "pair_claims", "approx_loss", "approx_loss_claim",
@@ -71,7 +72,7 @@ def pattern_claims(a, summ0: Sequence[Mapping], summ1: Sequence[Mapping], lin_al
     out["sign-match"] = dict(
         value=ch2.sign_match_fraction(summ1, live, n_live),
         detail=f"{n_live} live heads; linear attention's live heads: {circuits.pooled_sign_match(lin_all):.3f}; "
-               f"chance, 99th percentile: {ch2.binomial_upper(n_live, 0.99):.3f}")
+               f"chance, 99th percentile: {binomial_upper(n_live, 0.99):.3f}")
     return out
 
 

@@ -36,6 +36,7 @@ import torch
 
 from iclnb.analysis.arrays import to_numpy
 from iclnb.analysis.predictors import chunk_size, prompt_batches, risk_and_se, sq_errors
+from iclnb.analysis.stats import paired_se
 from iclnb.engine.readout import proportional_error
 from iclnb.engine.tasks import Task
 from iclnb.engine.util import check, generator
@@ -274,7 +275,7 @@ def paired(errors_a, errors_b) -> dict:
     P = ea.size
     a, b = float(ea.mean()), float(eb.mean())
     diff = eb - ea
-    gap, gap_se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(P))
+    gap, gap_se = float(diff.mean()), paired_se(eb, ea)
     # delta method for a / b: the per-prompt influence (e_a - r e_b) / b
     r = a / b
     ratio_se = float(((ea - r * eb) / b).std(ddof=1) / math.sqrt(P))

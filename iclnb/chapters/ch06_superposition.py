@@ -2,7 +2,7 @@
 
 A trained head h of a model on T tasks (``iclnb.engine.tasks.MultiTaskRegression``) is described, as in
 the paper's (5.8), by its per-coordinate KQ diagonal omega_h (d,) and its OV label weights mu_h
-(T,) (:func:`iclnb.analysis.circuits.omega` with ``per_coordinate=True``, :func:`iclnb.analysis.circuits.mu`).
+(T,) (:func:`iclnb.engine.readout.omega` with ``per_coordinate=True``, :func:`iclnb.engine.readout.mu`).
 Linearising the softmax, task t is predicted by debiased GD with the diagonal preconditioner
 Gamma_t = sum_h mu_ht omega_h (:func:`effective_preconditioner`) plus (sum_h mu_ht) y_bar_t.
 A run's mode (I ... IV) is read from what its kernel sum computes (:func:`read_run`), with the
@@ -29,6 +29,7 @@ import torch
 from iclnb.analysis.circuits import mu_balance
 from iclnb.analysis.predictors import as_vector, debiased_gd_optimal_step, debiased_gd_risk, ridge_predict
 from iclnb.analysis.stats import wilson
+from iclnb.engine import readout
 from iclnb.engine.util import check, check_int, is_real
 
 MODES = ("I", "II", "III", "IV", "other")
@@ -132,7 +133,7 @@ def support_ridge_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, ta
 def diag_kernel_sum_predict(X: torch.Tensor, y: torch.Tensor, xq: torch.Tensor, omega, mu) -> torch.Tensor:
     """Sum of kernel regressors with a diagonal KQ per head (B,T): y_hat_t = sum_h mu_ht sum_i
     y_it softmax_i(x_i^T diag(omega_h) x_q), omega (H,d) the per-coordinate KQ diagonals
-    (``circuits.omega(kq, d, per_coordinate=True)``), mu (H,T), labels y (B,n,T): the paper's
+    (``readout.omega(kq, d, per_coordinate=True)``), mu (H,T), labels y (B,n,T): the paper's
     (A.2), the model with only its KQ diagonals and OV label weights."""
     om = as_vector(omega, X).view(-1, X.shape[-1])
     m = as_vector(mu, X).view(om.shape[0], -1)
@@ -337,7 +338,6 @@ def head_label(reading: RunReading, h: int) -> str:
 def read_history(hist, d: int, T: int, prompts, ref_sup, ref_shared, tol_sup: float, tol_shared: float) -> dict:
     """Every member read (:func:`read_run`) at initialisation ("init"), halfway ("mid", the snapshot
     nearest half the steps, its step in "mid_step") and at the end ("last") of ``hist``."""
-    from iclnb.analysis import circuits
 
     snaps = len(hist.kq[0])
     mid = (snaps - 1) // 2
@@ -345,8 +345,8 @@ def read_history(hist, d: int, T: int, prompts, ref_sup, ref_shared, tol_sup: fl
     for name, j in (("init", 0), ("mid", mid), ("last", snaps - 1)):
         rows = []
         for k in range(len(hist.kq)):
-            om = circuits.omega(hist.kq[k][j], d, per_coordinate=True)
-            m = circuits.mu(hist.ov[k][j], d, T)
+            om = readout.omega(hist.kq[k][j], d, per_coordinate=True)
+            m = readout.mu(hist.ov[k][j], d, T)
             rows.append(read_run(head_kernels(prompts.X, prompts.y, prompts.xq, om), m, ref_sup, ref_shared,
                                  tol_sup, tol_shared))
         out[name] = rows
