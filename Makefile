@@ -4,13 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test smoke check-pages robustness bench lock clean
+.PHONY: book test test-fast smoke check-pages robustness bench lock clean
 
 book: $(STAMP)  ## execute every chapter at its defaults and build _build/html
 	$(BIN)/python -m iclnb book
 
 test: $(STAMP)  ## run the test suite
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  ## the tests that execute no chapter, start no process and open no browser (about a minute)
+	$(BIN)/python -m pytest -q -m "not notebook and not multiprocess and not browser"
 
 smoke: $(STAMP)  ## the whole book with tiny parameters (claims recorded, not enforced)
 	$(BIN)/python -m iclnb book --smoke

@@ -10,6 +10,14 @@ from iclnb.bookkit import runner
 from iclnb.contract import UNTRAINED
 
 
+def pytest_collection_modifyitems(items):
+    """A test that runs a chapter (the ``smoke_run`` fixture) is a ``notebook`` test; the rest mark
+    themselves (``pytestmark`` in their module)."""
+    for item in items:
+        if "smoke_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.notebook)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Tests never read or write the user's run cache."""

@@ -120,7 +120,7 @@ class NaiveKernel(nn.Module):
         return (e * y).sum(-1) / e.sum(-1)
 
 
-# kernel model name -> [(model kwargs, NaiveKernel kwargs)] (tests/test_lipschitz.py)
+# kernel model name -> [(model kwargs, NaiveKernel kwargs)] (tests/chapters/test_ch04_lipschitz.py)
 KERNEL_CASES = {
     "kernel": [({"factorized": f}, {"kind": "softmax", "factorized": f}) for f in (True, False)],
     "kernel_linear": [({"factorized": f}, {"kind": "linear", "factorized": f}) for f in (True, False)],

@@ -3,7 +3,7 @@ times initialisations (:func:`head_grid`), the validation rule that picks one me
 (:func:`select_best`), and the training configs that several chapters build alike, so that
 their runs (and run-cache entries) agree: a chapter that analyses another chapter's runs calls
 the same builder with the same
-parameters, and ``tests/test_configs.py`` checks that the chapters' defaults agree.
+parameters, and ``tests/engine/test_configs.py`` checks that the chapters' defaults agree.
 
 * :func:`head_grid_config`: softmax attention on in-context linear regression, every head count
   of ``heads`` times ``inits`` initialisations as one ensemble (chapter 2 trains it, chapter 3

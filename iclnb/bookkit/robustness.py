@@ -81,8 +81,12 @@ def make_record(chapter: runner.Chapter, seeds: list[int], records: list[dict], 
     """The robustness record of ``records`` (the sweep's, one per seed, in the order of ``seeds``);
     with ``preset`` also the preset and, per seed, the run's wall time and training speed."""
     devices = sorted({r["device"] for r in records if r.get("device")})
+    # the source the seeds ran on (each run records its own): an edit during the runs, or runs of
+    # different sources, make the record stale at once
+    sources = {r.get("source_sha256") for r in records} - {None}
+    source = sources.pop() if len(sources) == 1 else ("mixed" if sources else source_sha256(chapter.path))
     record = {"chapter": chapter.slug, "seeds": list(seeds), "commit": commit(chapter.path, ROOT / "iclnb"),
-              "source_sha256": source_sha256(chapter.path), "device": "; ".join(devices) or "unknown",
+              "source_sha256": source, "device": "; ".join(devices) or "unknown",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "params": params, "claims": _claims(records),
               "errors": {str(s): r["error"] for s, r in zip(seeds, records) if r.get("error")}}

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["PHASE_COLORS", "stages", "patterns", "landscape", "manifold", "flow2", "flow4", "plain_gd", "flow_clock"]
+__all__ = ["PHASE_COLORS", "stages", "patterns", "landscape", "manifold", "flow2", "flow4", "plain_gd", "flow_clock",
+           "fig20", "appb"]
 
 PHASE_COLORS = ["#e8f0fb", "#fdf0e0", "#eaf6ee"]  # background of phases / stages I, II, III
 LOG_STEP = "Adam step (linear to 100, then log)"
@@ -226,4 +227,54 @@ def flow_clock(overlays: Sequence[dict], flow):
         ax.axhline(0, color="0.6", lw=0.6)
     axes[0].legend(fontsize=8)
     fig.suptitle("Trained two-head models on the flow's clock (fitted on the rise and the peak of |ω|)", fontsize=10)
+    return fig
+
+
+def fig20(regimes: dict):
+    """Fig. 20 redrawn: the mean norm |p|_2 of the softmax weights against n in each regime, with its
+    10%-90% band over the prompts and the law of large numbers' limit (dashed)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    names = {"fixed-d": "fixed d = 5, ω = 1/√5", "proportional": "d = n/8, ω = 1/√5 fixed",
+             "scaled": "d = n/8, ω = 1/√d (scaled)"}
+    for (label, r), col in zip(regimes.items(), ["tab:blue", "tab:red", "tab:green"]):
+        ax.fill_between(r.n, r.q10, r.q90, color=col, alpha=0.15, lw=0)
+        ax.plot(r.n, r.mean, "o-", color=col, label=f"{names.get(label, label)}: slope {r.slope:.3f}")
+        ax.plot(r.n, np.minimum(r.limit, 1.0), "--", color=col, lw=1)
+    ax.plot(r.n, 1 / np.sqrt(r.n), ":", color="0.4", label="1/√n (uniform weights)")
+    ax.set(xscale="log", yscale="log", xlabel="context length n", ylabel="‖p‖₂ (mean; band 10%–90%)",
+           title="How the softmax weights spread as n grows")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def appb(points: Sequence, summary: dict):
+    """Appendix B's scalings on the grid of (d, n): the peak of omega against d per ratio n/d, with (B.16)'s
+    criterion and the linearised flow's plateau, and omega_1(t) in phase III on log-log axes."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ratios = sorted({p.n // p.d for p in points})
+    for r, col in zip(ratios, plt.cm.viridis(np.linspace(0.1, 0.8, len(ratios)))):
+        pts = [p for p in points if p.n == r * p.d]
+        ds = [p.d for p in pts]
+        axes[0].plot(ds, [p.omega_peak for p in pts], "o-", color=col,
+                     label=f"n/d = {r}: exponent {summary['per_ratio'][r]['peak']:.2f}")
+        axes[0].plot(ds, [p.omega_criterion for p in pts], "x:", color=col)
+        axes[0].plot(ds, [p.lin_peak for p in pts], "--", color=col, lw=1)
+        for p in pts:
+            keep = p.traj.t >= 2.0
+            axes[1].plot(p.traj.t[keep], p.traj.omega[keep, 0], color=col, lw=1)
+    ds = np.array(sorted({p.d for p in points}), dtype=float)
+    axes[0].plot(ds, points[0].omega_peak * np.sqrt(ds[0] / ds), color="0.4", ls=":", label="slope −1/2")
+    axes[0].set(xscale="log", yscale="log", xlabel="d", ylabel="peak of ω",
+                title="Peak of ω (x: (B.16)'s criterion; dashed: linearised flow)")
+    axes[0].set_xticks(ds, [f"{v:g}" for v in ds])
+    axes[0].minorticks_off()
+    axes[0].legend(fontsize=7)
+    t = points[0].traj.t
+    late = t >= t[-1] / 4
+    top = 1.3 * max(float(np.interp(t[late][0], p.traj.t, p.traj.omega[:, 0])) for p in points)
+    for k, ls, name in ((0.5, ":", "t^(−1/2)"), (1 / 6, "-.", "t^(−1/6)")):
+        axes[1].plot(t[late], top * (t[late] / t[late][0]) ** -k, color="0.2", ls=ls, lw=1.5, label=name)
+    axes[1].set(xscale="log", yscale="log", xlabel="ODE time t", ylabel="ω₁(t)",
+                title="ω after its rise: phases II and III")
+    axes[1].legend(fontsize=7)
     return fig

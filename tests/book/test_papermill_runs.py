@@ -18,6 +18,8 @@ from iclnb import contract
 from iclnb.bookkit import book, cli, pagecheck, pages, records, runner
 from iclnb.bookkit.claims import Claims
 
+pytestmark = pytest.mark.notebook
+
 
 def test_a_relative_claims_path_is_made_and_fixed_when_the_claims_are_created(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -1,6 +1,6 @@
 """Chapter 7's activations: phi' against autograd, c = phi'(0)/phi(0) against closed forms, and
 the normalized attention with one activation per member against single-activation models and
-the naive reference (every activation alone is in tests/test_models.py)."""
+the naive reference (every activation alone is in tests/engine/test_models.py)."""
 
 import math
 

@@ -75,6 +75,7 @@ train(cfg, progress=False)
 """
 
 
+@pytest.mark.multiprocess
 def test_killed_run_resumes_to_the_same_numbers(fresh_cache, tmp_path):
     """SIGKILL a child process training the run once it has written a checkpoint past the first
     blocks, resume here, and compare with an uninterrupted run."""

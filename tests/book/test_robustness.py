@@ -10,6 +10,8 @@ from fake_chapter import front_matter, write_chapter
 from iclnb.bookkit import records, robustness, runner
 from iclnb.bookkit.cli import main
 
+pytestmark = pytest.mark.multiprocess
+
 SEEDED = front_matter('a chapter whose checks depend on its seed') + """
 
 # 96. Seeded
@@ -72,6 +74,12 @@ def test_a_record_per_seed_resumed_read_back_and_stale(seeded, tmp_path):
     assert "3 runs, 2 already done, 1 to run" in lines[0]
     seeded.path.write_text(SEEDED.replace("k = 3", "k = 4"))
     assert records.is_stale(rec, seeded.path)
+    # the record keeps the source its seeds ran on, not the one on disk when it is written
+    runs = [{"source_sha256": rec["source_sha256"], "claims": {}}] * 3
+    assert robustness.make_record(seeded, [0, 1, 2], runs, {})["source_sha256"] == rec["source_sha256"]
+    assert records.is_stale(robustness.make_record(seeded, [0, 1, 2], runs, {}), seeded.path)
+    mixed = [{"source_sha256": "a", "claims": {}}, {"source_sha256": "b", "claims": {}}]
+    assert robustness.make_record(seeded, [0, 1], mixed, {})["source_sha256"] == "mixed"
     assert records.robustness_record("96_seeded", records=tmp_path / "nothing") is None
 
 

@@ -7,6 +7,8 @@ from fake_chapter import front_matter, write_chapter
 
 from iclnb.bookkit import runner, sweep
 
+pytestmark = pytest.mark.notebook
+
 TINY = front_matter('a notebook that only starts its kernel') + """
 
 # 97. Tiny

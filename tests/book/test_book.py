@@ -57,6 +57,32 @@ def test_chapter_conventions(ch):
     assert "Claims(" in code and "claims.finish()" in code
 
 
+SHOWS = ("show_table", "claims.box", "display(")  # what a figure cell must not do: show a table or a box
+
+
+@pytest.mark.parametrize("ch", [c for c in runner.chapters() if c.kind == "chapter"], ids=lambda c: c.slug)
+def test_chapter_reads_paper_figure_verdict(ch):
+    """The reader's items, for every chapter: code at most half of the source lines (code-cell
+    lines against markdown-cell lines), no code cell over 40 lines, every figure named and
+    captioned in a cell that shows only its figure (MyST-NB wraps every output of a figure cell in
+    the figure), cited by name, and the chapter ends with what reproduces and what does not."""
+    nb = ch.notebook()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    lines = {kind: sum(len(c.source.splitlines()) for c in nb.cells if c.cell_type == kind)
+             for kind in ("code", "markdown")}
+    assert lines["code"] <= lines["markdown"], lines
+    assert max(len(c.source.splitlines()) for c in code) <= 40
+    figures = [c for c in code if "figure" in c.metadata.get("mystnb", {})]
+    assert figures, "no figure with MyST-NB figure metadata"
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for c in figures:
+        fig = c.metadata["mystnb"]["figure"]
+        assert fig.get("name") and fig.get("caption"), fig
+        assert not any(s in c.source for s in SHOWS), f"{fig['name']} shows more than its figure"
+        assert f"{{numref}}`{fig['name']}`" in text, f"{fig['name']} is not cited"
+    assert "## What reproduces and what does not" in text
+
+
 def _requirements(lines):
     return sorted(re.sub(r"\s+", "", s) for s in lines)
 

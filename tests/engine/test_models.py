@@ -12,7 +12,7 @@ from iclnb.engine.models import ACTIVATIONS, MODELS, SoftmaxAttention
 
 F64 = torch.float64
 # attention model name -> [(model kwargs, naive kwargs)]; a new model must add its case here, or
-# to another reference's cases (KERNEL_CASES: tests/test_lipschitz.py against NaiveKernel)
+# to another reference's cases (KERNEL_CASES: tests/chapters/test_ch04_lipschitz.py against NaiveKernel)
 CASES = {
     "softmax": [({}, {"kind": "softmax"})],
     "normalized": [({"activation": a}, {"kind": "normalized", "phi": NAIVE_PHI[a]}) for a in sorted(ACTIVATIONS)],
@@ -24,7 +24,7 @@ IDS = [f"{name}-{mk.get('activation', '')}".rstrip("-") for name, mk, _ in ALL]
 
 def test_every_model_and_activation_has_a_reference():
     assert not set(CASES) & set(KERNEL_CASES)
-    other = {"kernel_sum"}  # its own naive reference: tests/test_kernel_sum.py
+    other = {"kernel_sum"}  # its own naive reference: tests/analysis/test_kernel_sum.py
     assert set(CASES) | set(KERNEL_CASES) | other == set(MODELS) and set(NAIVE_PHI) == set(ACTIVATIONS)
 
 

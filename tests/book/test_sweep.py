@@ -9,6 +9,8 @@ import pytest
 from iclnb.bookkit import records, runner, sweep
 from iclnb.bookkit.cli import main
 
+pytestmark = pytest.mark.multiprocess
+
 
 def test_a_2x2_sweep_collects_one_table(chapter, tmp_path):
     out = tmp_path / "sw"

@@ -8,6 +8,8 @@ import pytest
 from iclnb.bookkit import pagecheck
 from iclnb.bookkit.cli import main
 
+pytestmark = pytest.mark.browser
+
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGM8ISfHwMDAxMDAwMDAAAANBAEIfXHKZgAAAABJRU5ErkJggg=="
 
 # A page as the book has them: a real table, a figure, code that contains table and TeX syntax

@@ -7,6 +7,8 @@ import pytest
 from iclnb import contract
 from iclnb.bookkit import book, pages, runner
 
+pytestmark = pytest.mark.notebook
+
 
 def run(chapter, tmp_path, overrides=None, smoke=False, preset=None):
     return runner.run_chapter(chapter, overrides, output=tmp_path / "out" / "98.ipynb", smoke=smoke,
