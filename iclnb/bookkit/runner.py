@@ -255,34 +255,20 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
-def figure_cells_apart(notebook: Path) -> int:
-    """Give each figure its own cell in an executed notebook. MyST-NB wraps every rich output of a
-    cell whose metadata names a figure (``mystnb: figure: {caption, name}``) in that figure, so a
-    cell that also shows a table or a verdict box renders two targets of one name and the build
-    fails. The outputs before the cell's first image move to a cell before it, those after its
-    last image to a cell after it (both without code: ``remove-input``); the chapter's source is
-    unchanged. Returns how many cells were split."""
-    nb = json.loads(Path(notebook).read_text())
-    cells, split = [], 0
-    for cell in nb.get("cells", []):
-        outs = cell.get("outputs") or []
-        images = [i for i, o in enumerate(outs) if any(k.startswith("image/") for k in (o.get("data") or {}))]
+def crowded_figures(notebook: Path) -> str:
+    """An error naming each figure cell of an executed notebook that shows more than its figure,
+    or "". MyST-NB wraps every rich output of a cell whose metadata names a figure (``mystnb:
+    figure: {caption, name}``) in that figure, so a table or verdict box beside the image renders
+    two targets of one name and the HTML build fails far from the cause; the fix is in the chapter
+    source: the table or box goes in a cell of its own."""
+    crowded = []
+    for cell in json.loads(Path(notebook).read_text()).get("cells", []):
         figure = (cell.get("metadata") or {}).get("mystnb", {}).get("figure")
-        if cell.get("cell_type") != "code" or not figure or not images or len(outs) == images[-1] - images[0] + 1:
-            cells.append(cell)
-            continue
-        bare = {"cell_type": "code", "execution_count": None, "source": "",
-                "metadata": {"tags": ["remove-input"]}}
-        ids = {"id": f"{cell['id']}-"} if "id" in cell else {}  # nbformat 4.5 cells carry an id
-        before, after = outs[: images[0]], outs[images[-1] + 1:]
-        cells += [bare | {"outputs": before} | {k: v + "before" for k, v in ids.items()}] if before else []
-        cells.append(cell | {"outputs": outs[images[0]: images[-1] + 1]})
-        cells += [bare | {"outputs": after} | {k: v + "after" for k, v in ids.items()}] if after else []
-        split += 1
-    if split:
-        nb["cells"] = cells
-        Path(notebook).write_text(json.dumps(nb, indent=1))
-    return split
+        rich = [o for o in cell.get("outputs") or [] if o.get("output_type") in ("display_data", "execute_result")]
+        if figure and any(not any(k.startswith("image/") for k in o.get("data") or {}) for o in rich):
+            crowded.append(figure.get("name", "?"))
+    return ("figure cells that show more than their figure (give the table or verdict box its own cell): "
+            + ", ".join(crowded)) if crowded else ""
 
 
 _RUN_LOCK = threading.Lock()  # the kernel inherits os.environ: one chapter at a time per process
@@ -412,8 +398,7 @@ def _run_chapter(chapter, overrides, output, smoke, log, preset, progress, warn)
     if error and claims.get("failed") and claims.get("enforced"):
         error = ""  # the claims cell raised ClaimsFailed: a failed claim, reported by Result.ok
     if not error and output.exists():
-        error = unformattable_glue(output)
-        figure_cells_apart(output)
+        error = unformattable_glue(output) or crowded_figures(output)
     if error and said:
         error += f" (the kernel's log, {kpath}, ends: {' | '.join(said[-3:])})"
     return Result(chapter, output, params, seconds, error, claims, preset, runs, retries, str(kpath) if said else "")

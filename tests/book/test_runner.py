@@ -115,22 +115,18 @@ def test_book_config_has_a_repository_button_only_with_a_url(tmp_path):
         assert config["sphinx"] == yaml.safe_load((contract.ROOT / "_config.yml").read_text())["sphinx"]
 
 
-def test_a_figure_gets_its_own_cell(tmp_path):
+def test_a_figure_cell_that_shows_more_is_an_error(tmp_path):
     """MyST-NB wraps every rich output of a figure cell in the figure: a table or verdict box beside
-    the image would give two targets of one name. The runner moves them to cells of their own."""
+    the image would give two targets of one name. The runner names such a cell as the run's error."""
     image = {"output_type": "display_data", "data": {"image/png": "AAA", "text/plain": "<Figure>"}, "metadata": {}}
     table = {"output_type": "display_data", "data": {"text/markdown": "| a |"}, "metadata": {}}
-    box = {"output_type": "execute_result", "data": {"text/html": "<div/>"}, "metadata": {}, "execution_count": 3}
-    fig = {"cell_type": "code", "id": "c1", "source": "plot()", "execution_count": 3, "outputs": [table, image, box],
+    text = {"output_type": "stream", "name": "stdout", "text": "progress"}
+    fig = {"cell_type": "code", "id": "c1", "source": "plot()", "execution_count": 3, "outputs": [text, image],
            "metadata": {"mystnb": {"figure": {"name": "fig-x", "caption": "X"}}}}
-    plain = {"cell_type": "code", "id": "c2", "source": "x", "execution_count": 4, "outputs": [table, box],
-             "metadata": {}}
+    plain = {"cell_type": "code", "id": "c2", "source": "x", "execution_count": 4, "outputs": [table], "metadata": {}}
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps({"cells": [fig, plain], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    assert runner.figure_cells_apart(path) == 1
-    cells = json.loads(path.read_text())["cells"]
-    assert [c["id"] for c in cells] == ["c1-before", "c1", "c1-after", "c2"]
-    assert [c["outputs"] for c in cells[:3]] == [[table], [image], [box]]
-    assert cells[0]["metadata"] == {"tags": ["remove-input"]} and cells[0]["source"] == ""
-    assert cells[1]["metadata"]["mystnb"]["figure"]["name"] == "fig-x" and cells[1]["source"] == "plot()"
-    assert runner.figure_cells_apart(path) == 0  # once apart, nothing to do
+    assert runner.crowded_figures(path) == ""  # a stream beside the image is not rendered in the figure
+    fig["outputs"] = [table, image]
+    path.write_text(json.dumps({"cells": [fig, plain], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert "fig-x" in runner.crowded_figures(path) and "own cell" in runner.crowded_figures(path)
