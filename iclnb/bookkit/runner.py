@@ -255,6 +255,9 @@ def unformattable_glue(notebook: Path) -> str:
     return f"glued values that are not plain numbers: {', '.join(bad)}; glue float(x) or int(x)" if bad else ""
 
 
+GLUED = "application/papermill.record/"  # the mime prefix of myst_nb.glue's outputs
+
+
 def crowded_figures(notebook: Path) -> str:
     """An error naming each figure cell of an executed notebook that shows more than its figure,
     or "". MyST-NB wraps every rich output of a cell whose metadata names a figure (``mystnb:
@@ -264,8 +267,10 @@ def crowded_figures(notebook: Path) -> str:
     crowded = []
     for cell in json.loads(Path(notebook).read_text()).get("cells", []):
         figure = (cell.get("metadata") or {}).get("mystnb", {}).get("figure")
-        rich = [o for o in cell.get("outputs") or [] if o.get("output_type") in ("display_data", "execute_result")]
-        if figure and any(not any(k.startswith("image/") for k in o.get("data") or {}) for o in rich):
+        rich = [o.get("data") or {} for o in cell.get("outputs") or []
+                if o.get("output_type") in ("display_data", "execute_result")]
+        shown = [d for d in rich if not all(k.startswith(GLUED) for k in d)]  # a glue is not rendered here
+        if figure and any(not any(k.startswith("image/") for k in d) for d in shown):
             crowded.append(figure.get("name", "?"))
     return ("figure cells that show more than their figure (give the table or verdict box its own cell): "
             + ", ".join(crowded)) if crowded else ""

@@ -126,7 +126,11 @@ def test_a_figure_cell_that_shows_more_is_an_error(tmp_path):
     plain = {"cell_type": "code", "id": "c2", "source": "x", "execution_count": 4, "outputs": [table], "metadata": {}}
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps({"cells": [fig, plain], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    assert runner.crowded_figures(path) == ""  # a stream beside the image is not rendered in the figure
+    glued = {"output_type": "display_data", "data": {"application/papermill.record/text/plain": "2"},
+             "metadata": {"scrapbook": {"name": "k"}}}
+    fig["outputs"] = [glued, text, image]
+    path.write_text(json.dumps({"cells": [fig, plain], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert runner.crowded_figures(path) == ""  # a glue or a stream beside the image is not rendered in it
     fig["outputs"] = [table, image]
     path.write_text(json.dumps({"cells": [fig, plain], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     assert "fig-x" in runner.crowded_figures(path) and "own cell" in runner.crowded_figures(path)
