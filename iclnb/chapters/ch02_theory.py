@@ -161,7 +161,6 @@ def figure_pair_gap(res: PairGaps):
     ax.set_ylabel("RMS gap to debiased GD at η* / RMS of its prediction")
     ax.set_title(f"Thm 4.2 (i): a ± pair approaches debiased GD as ω → 0 (d = {res.d}, n = {res.n})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -287,7 +286,6 @@ def figure_bayes(res: BayesSweep):
     b.set_title(f"The proportional factor in the limit, d/n = {res.xi:.3g}")
     b.legend(fontsize=8)
     fig.suptitle("Thm 4.2 (iii): the best ± pair (debiased GD at η*) against the Bayes risk")
-    fig.tight_layout()
     return fig
 
 
@@ -396,5 +394,4 @@ def figure_emulation(res: Emulation):
     ax.set_title(f"§5.1: {res.heads}-head linear attention from {2 * res.heads} softmax heads "
                  f"(d = {res.d}, n = {res.n})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
