@@ -209,25 +209,21 @@ def authors_table(summaries: Mapping[int, Mapping], risk40: Mapping[int, float],
 def circuit_grid(panels: Sequence[tuple], titles: Sequence[str], draw):
     """One figure of several models' circuits, one row per model: each ``(kq, ov, classes)`` of
     ``panels`` drawn by ``draw`` (the book's ``plot_circuits``, each with its own colour scales,
-    passed in: the chapters layer does not import the book machinery) and stacked, titled by
-    ``titles``."""
-    images = []
-    for (kq_, ov_, classes), title in zip(panels, titles):
-        f = draw(kq_, ov_, classes=classes, title=title)
-        f.canvas.draw()
-        images.append(np.asarray(f.canvas.buffer_rgba()))
-        plt.close(f)
-    if not images:
+    passed in: the chapters layer does not import the book machinery) into a subfigure of its own,
+    titled by ``titles``."""
+    if not panels:
         return plt.figure(figsize=(1, 1))
-    dpi = plt.rcParams["figure.dpi"]
-    width = max(im.shape[1] for im in images) / dpi
-    fig, axes = plt.subplots(len(images), 1, figsize=(width, sum(im.shape[0] for im in images) / dpi),
-                             gridspec_kw={"height_ratios": [im.shape[0] for im in images]}, squeeze=False,
-                             layout="none")  # the images fill the figure: no layout engine (the style's is on)
-    for ax, im in zip(axes[:, 0], images):
-        ax.imshow(im)
-        ax.set_axis_off()
-    fig.subplots_adjust(0, 0, 1, 1, 0, 0)
+    heads = [np.shape(kq_)[0] for kq_, _, _ in panels]
+    rows = [-(-H // 4) for H in heads]  # plot_circuits puts at most 4 heads in a row
+    widths = [1.9 * min(H, 4) + 1.2 for H in heads]
+    heights = [2.9 * r + 0.5 for r in rows]
+    fig = plt.figure(figsize=(max(widths), sum(heights)))
+    subs = fig.subfigures(len(panels), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for sub, w, (kq_, ov_, classes), title in zip(subs, widths, panels, titles):
+        pad = (max(widths) - w) / 2
+        if pad > 0:  # a row of fewer heads keeps its own width, centred
+            sub = sub.subfigures(1, 3, width_ratios=[pad, w, pad])[1]
+        draw(kq_, ov_, classes=classes, title=title, figure=sub)
     return fig
 
 

@@ -58,3 +58,19 @@ def test_seed_words_reads_the_strongest_verdict_at_four_of_five():
     run["claims"][1]["kind"] = "check"
     assert page.seed_words(over, record, run)["seeds_holds"] == "h4-diag-ratio (4 of 5)"
     assert (w["rate_h2_last_holds"], w["rate_h2_last_shared"]) == ("2 of 5", "5 of 5")
+
+
+def test_circuit_grid_draws_each_model_into_a_subfigure():
+    """The stacked circuit figure is drawn, not rasterised: each model's KQ and OV panels are axes
+    of the one figure, a row of fewer heads centred at its own width."""
+    import matplotlib.pyplot as plt
+
+    from iclnb.bookkit.plotting import plot_circuits
+    from iclnb.chapters.ch02_figures import circuit_grid
+
+    rng = np.random.default_rng(0)
+    panels = [(rng.normal(size=(H, 6, 6)), rng.normal(size=(H, 6)), ["positive"] * H) for H in (1, 2, 4)]
+    fig = circuit_grid(panels, ["a", "b", "c"], plot_circuits)
+    assert len([a for a in fig.axes if a.get_visible() and a.images]) == 2 * (1 + 2 + 4)
+    assert fig.get_size_inches()[0] == pytest.approx(1.9 * 4 + 1.2)
+    plt.close("all")
