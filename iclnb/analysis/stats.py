@@ -59,4 +59,8 @@ def power_law_fit(x, y) -> dict:
     lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
     check("x", len(lx), len(lx) >= 3 and len(lx) == len(ly), "at least 3 points, as many as y")
     fit = stats.linregress(lx, ly)
-    return {"exponent": float(fit.slope), "prefactor": float(np.exp(fit.intercept)), "se": float(fit.stderr)}
+    # the slope's s.e. from the residuals, as linregress computes it, but also where y is constant
+    # (linregress leaves it nan there: an untrained model's flat windows fit exactly, s.e. 0)
+    resid = ly - (fit.slope * lx + fit.intercept)
+    se = math.sqrt(float(resid @ resid) / (len(lx) - 2) / float(((lx - lx.mean()) ** 2).sum()))
+    return {"exponent": float(fit.slope), "prefactor": float(np.exp(fit.intercept)), "se": se}

@@ -57,3 +57,5 @@ def test_rank_correlation_and_power_law_equal_the_engine_copies():
     a, b = stats.power_law_fit(s, w), util.power_law_fit(s, w)
     for key in ("exponent", "prefactor", "se"):
         assert a[key] == pytest.approx(b[key], rel=1e-9)
+    flat = stats.power_law_fit(s, np.full(5, 2.0))  # constant y (an untrained model's windows): s.e. 0, not nan
+    assert flat["exponent"] == pytest.approx(0.0, abs=1e-12) and flat["se"] == pytest.approx(0.0, abs=1e-12)
