@@ -20,7 +20,8 @@ import numpy as np
 
 from iclnb.engine.util import check, check_regression
 
-__all__ = ["loss_constant", "head_array", "mu_star", "Manifold", "manifold", "asymptotic_step"]
+__all__ = ["loss_constant", "head_array", "head_pair", "approx_loss", "mu_star", "Manifold", "manifold",
+           "asymptotic_step"]
 
 
 def loss_constant(n, d, sigma2) -> float:
@@ -36,6 +37,31 @@ def head_array(name, a) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     check(name, a.shape, a.ndim >= 1 and a.shape[-1] >= 1, "an array (..., H) with H at least 1")
     return a
+
+
+def head_pair(omega, mu) -> tuple[np.ndarray, np.ndarray]:
+    """``omega`` and ``mu`` (..., H) as float64 arrays broadcast to one shape, checked."""
+    w, m = head_array("omega", omega), head_array("mu", mu)
+    check("mu", m.shape, m.shape[-1] == w.shape[-1], f"an array (..., H) with H = {w.shape[-1]}, as omega")
+    try:
+        shape = np.broadcast_shapes(w.shape, m.shape)
+    except ValueError:
+        check("mu", m.shape, False, f"an array whose shape broadcasts with omega's {w.shape}")
+    return np.broadcast_to(w, shape), np.broadcast_to(m, shape)
+
+
+def approx_loss(omega, mu, n: int, d: int, sigma2: float, linear_exp: bool = False):
+    """Ltilde(omega, mu) of Proposition 4.1, 1 + sigma2 - 2 mu^T omega + (mu^T omega)^2
+    + c mu^T exp(d omega omega^T) mu; ``omega``, ``mu`` of shape (..., H) (broadcast), returns (...)
+    (a float for one set of heads). With ``linear_exp`` its exp term linearised, exp(x) -> 1 + x
+    (the quadratic loss of the kernel sum's first-order expansion)."""
+    c = loss_constant(n, d, sigma2)
+    w, m = head_pair(omega, mu)
+    x = d * w[..., :, None] * w[..., None, :]
+    E = 1.0 + x if linear_exp else np.exp(x)
+    wm = (w * m).sum(-1)
+    out = 1.0 + sigma2 - 2.0 * wm + wm**2 + c * np.einsum("...i,...ij,...j->...", m, E, m)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def mu_star(omega, n: int, d: int, sigma2: float) -> np.ndarray:

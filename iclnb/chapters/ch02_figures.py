@@ -11,7 +11,19 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from iclnb.chapters.ch02_kernels import authors_scale_rows, member_order, summary_text
+from iclnb.analysis import circuits, flow
+from iclnb.analysis import predictors as pr
+from iclnb.chapters import ch02_kernels as ch2
+from iclnb.chapters.ch02_kernels import (
+    authors_scale_rows,
+    best_scale,
+    kernel_and_baselines,
+    member_order,
+    pair_state,
+    summarize,
+    summary_text,
+    weak_heads,
+)
 
 __all__ = ["init_table", "training_loss", "length_curves", "same_sign", "length_table", "cutoff_table",
            "circuit_grid", "head_table", "pair_table", "forming_table", "rebuild_table", "length_gaps",
@@ -257,7 +269,6 @@ def forming_table(cids: Sequence[str], heads: Sequence[int], history, formed: Ma
                   conditions: Mapping[str, str], fracs=(0.25, 0.5, 0.75, 1.0)) -> tuple[list, list, int]:
     """(rows, header, how many improve at every quarter): each finding ``h<H>-<metric>`` read
     again from the logged circuits at the fractions ``fracs`` of training (the same inits)."""
-    from iclnb.analysis import circuits
 
     t_at = [int(np.searchsorted(history.steps, f * steps)) for f in fracs]
     rows, n_better = [], 0
@@ -348,8 +359,6 @@ def rebuild_distances(model, test, short, member_H: Sequence[int], chosen: Mappi
     OV scale (:func:`iclnb.chapters.ch02_kernels.best_scale`)."""
     import torch
 
-    from iclnb.analysis import predictors as pr
-    from iclnb.chapters.ch02_kernels import best_scale, kernel_and_baselines
 
     dist, dist_short, err, scale = {}, {}, {}, {}
     for prompts, out, ks in ((test, dist, range(len(member_H))), (short, dist_short, [chosen[H] for H in heads])):
@@ -373,8 +382,6 @@ def length_baselines(models: Mapping, summaries: Mapping, multi: Sequence[int], 
     with linear attention renormalised 1/m, ridge, GD re-tuned, and per H >= 2 debiased and vanilla
     GD and the kernel sum at the model's own numbers; the paired differences to read; and the exact
     risks of vanilla and debiased GD at their best step at every test length."""
-    from iclnb.analysis import predictors as pr
-    from iclnb.chapters import ch02_kernels as ch2
 
     preds = {"softmax": models["softmax"], "linear": models["linear"],
              "linear, 1/m": ch2.length_normalized(models["linear"], n),
@@ -406,7 +413,6 @@ def h8_numbers(claims, summaries: Mapping, summ, formed: Mapping, history, steps
     """The numbers the closing discussion reads on the H = 8 per-head thresholds: which miss, the
     weakest ratios, and the live heads that miss one (:func:`iclnb.chapters.ch02_kernels.weak_heads`);
     "n/a" where H = 8 is not trained."""
-    from iclnb.chapters.ch02_kernels import weak_heads
 
     if 8 not in summaries:
         return {"h8_status": "H = 8 not trained in this run", "h8_diag": float("nan"), "h8_ov": float("nan"),
@@ -423,7 +429,6 @@ def h8_numbers(claims, summaries: Mapping, summ, formed: Mapping, history, steps
 def manifold_numbers(om_p: float, mu_p: float, f_log: float, n: int, d: int, sigma2: float) -> dict:
     """How far the authors' Table 1 (omega, mu) sits from the solution manifold, in %, with their
     omega as printed (their logs' scale) and on the model's scale (divided by ``f_log``)."""
-    from iclnb.analysis import flow
 
     return {f"paper_manifold_pct_{tag}": 100 * abs(float(mu_p / flow.manifold(om, n, d, sigma2).mu) - 1)
             for tag, om in (("log", om_p), ("model", om_p / f_log))}
@@ -432,7 +437,6 @@ def manifold_numbers(om_p: float, mu_p: float, f_log: float, n: int, d: int, sig
 def linear_summaries(runs) -> list[dict]:
     """The circuit summaries of the linear-attention rivals: the one-head model, then every model
     of ``runs.lin_H`` (the head counts of :func:`iclnb.chapters.ch02_kernels.linear_rival`)."""
-    from iclnb.chapters.ch02_kernels import summarize
 
     return [summarize(runs.lin.model.member_weights(0))] + [
         summarize(runs.lin_heads.model.member_weights(k)) for k in range(len(runs.lin_H))]
@@ -441,7 +445,6 @@ def linear_summaries(runs) -> list[dict]:
 def metrics_at(pairs: Sequence[tuple], summ: Sequence[Mapping]) -> list[dict]:
     """The head metrics of each model's circuits ``(kq, ov)`` in ``pairs``, read with the head
     classes of its final summary in ``summ`` (so a head is judged by what it became)."""
-    from iclnb.analysis import circuits
 
     return [circuits.metrics_of_heads(kq_, ov_, s["classes"]) for (kq_, ov_), s in zip(pairs, summ)]
 
@@ -462,7 +465,6 @@ def two_head_states(states, pair: Sequence[bool], ks2: Sequence[int], history) -
     """(at the end, at step 0): the pair state of every two-head init of both ensembles, the extra
     ones from ``states`` (their logged states) and the main ones ``ks2`` from ``pair`` and their
     step-0 circuits."""
-    from iclnb.chapters.ch02_kernels import pair_state
 
     end = list(states[:, -1]) + ["pair" if pair[k] else "no" for k in ks2]
     start = list(states[:, 0]) + [pair_state(history.kq[k][0], history.ov[k][0]) for k in ks2]

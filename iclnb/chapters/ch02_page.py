@@ -3,9 +3,9 @@
 Each ``*_claims`` function reads the trained models' summaries (``ch02_kernels``) and returns
 ``{claim id: keyword arguments of Claims.measure}`` (``value``, ``rival``, ``detail``, ``se``,
 ``threshold``), so that a cell measures each claim in one statement; the spec in the chapter's
-front matter says what each claim is and how it is judged. :func:`approx_loss` is Proposition
-4.1's approximate loss, with its exp term or with it linearised (the rival of
-``approx-loss-exp-term``).
+front matter says what each claim is and how it is judged. :func:`approx_loss_claim` reads
+Proposition 4.1's approximate loss (:func:`iclnb.analysis.flow.approx_loss`) with its exp term and
+linearised (the rival of ``approx-loss-exp-term``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from iclnb.analysis import predictors as pr
 from iclnb.analysis.ensembles import select_best
 from iclnb.analysis.stats import binomial_upper
 from iclnb.chapters import ch02_kernels as ch2
+from iclnb.chapters.ch02_figures import circuit_grid, metrics_at
 
-__all__ = ["analyse", "optimal_steps", "pattern_claims", "pair_claims", "approx_loss", "approx_loss_claim",
+__all__ = ["analyse", "optimal_steps", "pattern_claims", "pair_claims", "approx_loss_claim",
            "rebuild_claims", "risk_claims", "length_claims", "FORMING", "circuit_figure", "member_metrics",
            "linear_errors", "linear_gap", "gap_numbers", "length_numbers", "seed_words"]
 
@@ -106,18 +107,6 @@ def pair_claims(a, lin_all: Sequence[Mapping], lin_hs: Sequence[int], n: int, d:
     return out
 
 
-def approx_loss(omega, mu, n: int, d: int, sigma2: float, linear_exp: bool = False) -> float:
-    """Proposition 4.1's approximate loss of the kernel sum with per-head numbers ``omega``,
-    ``mu`` (H,): 1 + sigma2 - 2 mu^T omega + (mu^T omega)^2 + c mu^T exp(d omega omega^T) mu,
-    c = (1 + sigma2) / n; with ``linear_exp`` its exp term linearised, exp(x) -> 1 + x (the
-    quadratic loss of the kernel sum's first-order expansion)."""
-    c = flow.loss_constant(n, d, sigma2)
-    w, m = flow.head_array("omega", omega).ravel(), flow.head_array("mu", mu).ravel()
-    x = d * np.outer(w, w)
-    s = float(w @ m)
-    return float(1.0 + sigma2 - 2.0 * s + s**2 + c * m @ ((1.0 + x) if linear_exp else np.exp(x)) @ m)
-
-
 def approx_loss_claim(summ: Sequence[Mapping], ks: Sequence[int], prompts, task, n: int, d: int,
                       sigma2: float) -> dict:
     """``approx-loss-exp-term``: at each single head's trained (omega, mu) (members ``ks``), the
@@ -131,7 +120,7 @@ def approx_loss_claim(summ: Sequence[Mapping], ks: Sequence[int], prompts, task,
     for k in ks:
         L, _ = mc[k]
         w, m = summ[k]["omega"], summ[k]["mu"]
-        at, lin = approx_loss(w, m, n, d, sigma2), approx_loss(w, m, n, d, sigma2, linear_exp=True)
+        at, lin = (flow.approx_loss(w, m, n, d, sigma2, linear_exp=e) for e in (False, True))
         err[k], err_lin[k] = abs(at - L), abs(lin - L)
         rows.append(f"d ω² = {d * float(w[0]) ** 2:.2f}: L = {L:.4f}, L̃ = {at:.4f}, linearised {lin:.4f}")
     return dict(value=max(err.values()), rival=min(err_lin.values()),
@@ -219,8 +208,6 @@ def circuit_figure(weights: Sequence[Mapping], summ: Sequence[Mapping], member_H
     """The circuits of the analysed model of each H in ``hs`` (:func:`ch02_figures.circuit_grid`,
     ``draw`` the book's circuit plot); with ``unpaired`` (per member, whether it formed a +-
     pair) also every member with H >= 2 that formed none."""
-    from iclnb.chapters.ch02_figures import circuit_grid
-
     ks = [chosen[H] for H in hs]
     if unpaired is not None:
         ks += [k for k in range(len(member_H)) if member_H[k] >= 2 and not unpaired[k] and k not in ks]
@@ -234,8 +221,6 @@ def circuit_figure(weights: Sequence[Mapping], summ: Sequence[Mapping], member_H
 def member_metrics(history, weights: Sequence[Mapping], summ: Sequence[Mapping]) -> tuple[list, list]:
     """Every member's head metrics (``circuits.metrics_of_heads``, its final classes) at step 0
     of ``history`` and at the end of training."""
-    from iclnb.chapters.ch02_figures import metrics_at
-
     K = len(weights)
     return (metrics_at([(history.kq[k][0], history.ov[k][0]) for k in range(K)], summ),
             metrics_at([(circuits.kq(w), circuits.ov(w)) for w in weights], summ))

@@ -84,7 +84,7 @@ def landscape_readings(grid_omega, grid_mu, n, d, sigma2, mc_prompts, seed, devi
                                 device=device)
     wg, mg = np.meshgrid(W, M, indexing="ij")
     om, mu = np.stack([wg, -wg], -1), np.stack([mg, -mg], -1)
-    approx = dyn.approx_loss(om, mu, n, d, sigma2)
+    approx = flow.approx_loss(om, mu, n, d, sigma2)
     diff, diff0 = approx - true, dyn.approx_loss_without_exp(om, mu, sigma2) - true
     small = W <= 0.1 + 1e-12
     i_w, i_m = np.argmin(np.abs(W - 0.13)), np.argmin(np.abs(M - 3.45))
@@ -110,7 +110,7 @@ def manifold_readings(pairs, n, d, sigma2) -> SimpleNamespace:
         cls = circuits.classify_heads(w_end, m_end)
         live = np.array([c != "dummy" for c in cls])
         trained.append({"H": hst["H"], "init": hst["init"], "omega": float(np.abs(w_end[live]).mean()),
-                        "loss": dyn.approx_loss(w_end, m_end, n, d, sigma2),
+                        "loss": flow.approx_loss(w_end, m_end, n, d, sigma2),
                         "step": circuits.effective_gd_step(w_end, m_end, cls)})
     man = flow.manifold
     off = max((abs(t["step"] - float(man(t["omega"], n, d, sigma2).step)) for t in trained), default=NAN)

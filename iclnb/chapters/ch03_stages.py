@@ -30,12 +30,12 @@ from scipy.integrate import solve_ivp
 from scipy.optimize import brentq
 
 from iclnb.analysis.circuits import classify_heads, diag_ratio
-from iclnb.analysis.flow import head_array, loss_constant
+from iclnb.analysis.flow import approx_loss, head_array, head_pair, loss_constant
 from iclnb.engine.tasks import LinearRegression
 from iclnb.engine.util import check, check_int, check_real
 
 __all__ = [
-    "approx_loss", "approx_loss_grad", "flow_rhs",
+    "approx_loss_grad", "flow_rhs",
     "mc_pair_loss", "Trajectory", "gradient_flow", "OdePhases", "ode_phases", "peak", "Patterns", "pattern_history",
     "established_at", "training_stages", "fit_time_scale", "flow_without_exp", "trajectory_gap", "gd_time",
     "approx_loss_without_exp", "stage1_timing",
@@ -43,27 +43,8 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------ the loss
-def _pair(omega, mu) -> tuple[np.ndarray, np.ndarray]:
-    w, m = head_array("omega", omega), head_array("mu", mu)
-    check("mu", m.shape, m.shape[-1] == w.shape[-1], f"an array (..., H) with H = {w.shape[-1]}, as omega")
-    try:
-        shape = np.broadcast_shapes(w.shape, m.shape)
-    except ValueError:
-        check("mu", m.shape, False, f"an array whose shape broadcasts with omega's {w.shape}")
-    return np.broadcast_to(w, shape), np.broadcast_to(m, shape)
-
-
 def _out(a):
     return float(a) if np.ndim(a) == 0 else a
-
-
-def approx_loss(omega, mu, n: int, d: int, sigma2: float):
-    """Ltilde(omega, mu) of Proposition 4.1; ``omega``, ``mu`` of shape (..., H) (broadcast), returns (...)."""
-    c = loss_constant(n, d, sigma2)
-    w, m = _pair(omega, mu)
-    E = np.exp(d * w[..., :, None] * w[..., None, :])
-    wm = (w * m).sum(-1)
-    return _out(1.0 + sigma2 - 2.0 * wm + wm**2 + c * np.einsum("...i,...ij,...j->...", m, E, m))
 
 
 def approx_loss_grad(omega, mu, n: int, d: int, sigma2: float):
@@ -72,7 +53,7 @@ def approx_loss_grad(omega, mu, n: int, d: int, sigma2: float):
     dL/dmu_h    = -2 omega_h + 2 omega_h (omega^T mu) + 2 c sum_j exp(d omega_h omega_j) mu_j
     dL/domega_h = -2 mu_h + 2 mu_h (mu^T omega) + 2 c d mu_h sum_j exp(d omega_h omega_j) mu_j omega_j
     """
-    w, m = _pair(omega, mu)
+    w, m = head_pair(omega, mu)
     return _grad(w, m, loss_constant(n, d, sigma2), d)
 
 
@@ -101,7 +82,7 @@ def mc_pair_loss(omegas, mus, n: int, d: int, sigma2: float, num_prompts: int = 
                  device="cpu", dtype=torch.float64, return_se: bool = False):
     """The true loss E(y_hat - y_q)^2 (Monte Carlo, noisy target) of the +- pair omega = (w, -w),
     mu = (m, -m) at every w in ``omegas`` and m in ``mus``: an array (len(omegas), len(mus)), to set
-    beside :func:`approx_loss` on the same grid.
+    beside :func:`iclnb.analysis.flow.approx_loss` on the same grid.
 
     The predictor is ``iclnb.analysis.predictors.kernel_sum_predict`` and the estimate
     ``iclnb.analysis.predictors.mc_risk`` (seeded by ``seed``), on one set of ``num_prompts`` prompts for the
@@ -163,7 +144,7 @@ def gradient_flow(omega0, mu0, t_end: float, n: int, d: int, sigma2: float, *, t
     ``Trajectory.dense``. Raises RuntimeError when the solver fails.
     """
     c = loss_constant(n, d, sigma2)
-    w0, m0 = _pair(omega0, mu0)
+    w0, m0 = head_pair(omega0, mu0)
     check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
     check_real("t_end", t_end, strict=True)
     check_int("num", num, 2)
@@ -268,7 +249,7 @@ def pattern_history(omega, mu, steps=None, kq=None, live: str = "step", dummy_fr
     columns multiply the query's always-zero label slots), as ``circuits.circuit_metrics``.
     With no live head the sign fraction, spread and diag ratio are NaN.
     """
-    w, m = _pair(omega, mu)
+    w, m = head_pair(omega, mu)
     check("omega", w.shape, w.ndim == 2, "an array (steps, H): one row per logged step")
     n_log, H = w.shape
     steps = np.arange(n_log) if steps is None else np.asarray(steps)
@@ -380,7 +361,7 @@ def flow_without_exp(omega0, mu0, t_end: float, sigma2: float, *, t_eval=None, n
     as :func:`gradient_flow`; ``Trajectory.loss`` holds Ltilde_0 and ``n`` is None (so
     :func:`ode_phases` does not apply)."""
     check_real("sigma2", sigma2)
-    w0, m0 = _pair(omega0, mu0)
+    w0, m0 = head_pair(omega0, mu0)
     check("omega0", w0.shape, w0.ndim == 1, "a vector (H,)")
     check_real("t_end", t_end, strict=True)
     check_int("num", num, 2)
@@ -402,8 +383,8 @@ def trajectory_gap(omega_a, mu_a, omega_b, mu_b) -> float:
     of the root mean square, over heads and both coordinates, of (omega_a - omega_b, mu_a - mu_b);
     each argument (steps, H). A norm on trajectories, so the triangle inequality holds: a trajectory
     nearer to one of two others than half their gap is farther than that from the other."""
-    wa, ma = _pair(omega_a, mu_a)
-    wb, mb = _pair(omega_b, mu_b)
+    wa, ma = head_pair(omega_a, mu_a)
+    wb, mb = head_pair(omega_b, mu_b)
     check("omega_b", wb.shape, wb.shape == wa.shape and wa.ndim == 2, f"an array of shape {wa.shape}, as omega_a")
     sq = np.concatenate([wa - wb, ma - mb], axis=-1) ** 2
     return float(np.sqrt(sq.mean(-1)).max())
@@ -418,10 +399,11 @@ def gd_time(steps, lr: float) -> np.ndarray:
 
 
 def approx_loss_without_exp(omega, mu, sigma2: float):
-    """Ltilde without its exp term (the null of :func:`approx_loss`): 1 + sigma2 - 2 mu^T omega +
-    (mu^T omega)^2, the loss of heads that only add up a linear predictor; (..., H) -> (...)."""
+    """Ltilde without its exp term (the null of :func:`iclnb.analysis.flow.approx_loss`):
+    1 + sigma2 - 2 mu^T omega + (mu^T omega)^2, the loss of heads that only add up a linear
+    predictor; (..., H) -> (...)."""
     check_real("sigma2", sigma2)
-    w, m = _pair(omega, mu)
+    w, m = head_pair(omega, mu)
     s = (w * m).sum(-1)
     return _out(1.0 + sigma2 - 2.0 * s + s**2)
 
@@ -441,7 +423,7 @@ def stage1_timing(t, omega_runs, mu_runs, n: int, d: int, sigma2: float, *, lr: 
     """
     check_real("lr", lr, strict=True)
     check_int("log_every", log_every, 1)
-    W, M = _pair(omega_runs, mu_runs)
+    W, M = head_pair(omega_runs, mu_runs)
     t = np.asarray(t, dtype=np.float64)
     check("omega_runs", W.shape, W.ndim == 3 and W.shape[0] >= 2 and W.shape[1] == t.size,
           f"an array (runs, steps, H) with at least 2 runs and {t.size} steps")

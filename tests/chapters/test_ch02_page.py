@@ -19,14 +19,14 @@ def test_approx_loss_pair_and_linearised():
         man = flow.manifold(np.array([w]), N, D, S2)
         m = float(man.mu[0])
         # on the manifold L̃ = 1 + sigma2 - step (flow.manifold's closed form)
-        assert page.approx_loss([w, -w], [m, -m], N, D, S2) == pytest.approx(float(man.loss[0]), rel=1e-12)
+        assert flow.approx_loss([w, -w], [m, -m], N, D, S2) == pytest.approx(float(man.loss[0]), rel=1e-12)
         # linearised: the pair's exp term becomes c d eta^2, eta = 2 w m
         eta = 2 * w * m
-        lin = page.approx_loss([w, -w], [m, -m], N, D, S2, linear_exp=True)
+        lin = flow.approx_loss([w, -w], [m, -m], N, D, S2, linear_exp=True)
         assert lin == pytest.approx(1 + S2 - 2 * eta + eta**2 * (1 + c * D), rel=1e-12)
     # one head: the two forms agree to O(d^2 omega^4) and part where d omega^2 is not small
-    small = [page.approx_loss([0.01], [1.0], N, D, S2, linear_exp=e) for e in (False, True)]
-    large = [page.approx_loss([0.52], [1.4], N, D, S2, linear_exp=e) for e in (False, True)]
+    small = [flow.approx_loss([0.01], [1.0], N, D, S2, linear_exp=e) for e in (False, True)]
+    large = [flow.approx_loss([0.52], [1.4], N, D, S2, linear_exp=e) for e in (False, True)]
     assert abs(small[0] - small[1]) < 1e-8 and large[0] - large[1] > 0.05
 
 
