@@ -5,42 +5,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from builders import build_model, pattern_model
 
 from iclnb.analysis import circuits as C
 from iclnb.analysis.predictors import kernel_sum_predict
 from iclnb.bookkit.plotting import plot_circuits
 from iclnb.engine import activations, readout
-
-
-def build_model(kq_blocks, ov_vecs, seed=0):
-    """Weights whose circuits are exactly the given KQ (H,D,D) and OV (H,D)."""
-    g = torch.Generator().manual_seed(seed)
-    kq_blocks = torch.as_tensor(np.asarray(kq_blocks), dtype=torch.float64)
-    ov_vecs = torch.as_tensor(np.asarray(ov_vecs), dtype=torch.float64)
-    H, D, _ = kq_blocks.shape
-    WQ, WK, WV, WO = [], [], [], []
-    for h in range(H):
-        Q, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
-        WK.append(Q)  # K^T Q_ = M sqrt(D) / sqrt(D)
-        WQ.append(math.sqrt(D) * Q @ kq_blocks[h])
-        V = torch.randn(D, D, generator=g, dtype=torch.float64) + 3 * torch.eye(D, dtype=torch.float64)
-        WV.append(V)
-        WO.append(torch.linalg.solve(V.T, ov_vecs[h]))  # WO V = ov^T
-    return {"WQ": torch.stack(WQ), "WK": torch.stack(WK), "WV": torch.stack(WV), "WO": torch.stack(WO)}
-
-
-def pattern_model(omega, mu, d, junk_last_column=True, seed=0):
-    """The paper's pattern (3.1): KQ[:d,:d] = omega I, last row 0; OV = (0,...,0, mu)."""
-    H, D = len(omega), d + 1
-    rng = np.random.default_rng(seed)
-    K = np.zeros((H, D, D))
-    V = np.zeros((H, D))
-    for h in range(H):
-        K[h, :d, :d] = omega[h] * np.eye(d)
-        if junk_last_column:
-            K[h, :, d] = rng.normal(size=D)  # multiplies the query's zero label slot
-        V[h, d] = mu[h]
-    return build_model(K, V, seed=seed), K, V
 
 
 def direct_predict(w, X, y, xq):

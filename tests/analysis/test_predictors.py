@@ -6,37 +6,21 @@ rounding of the reference numbers, as printed by He, Pan, Chen, Yang 2025 (arXiv
 the authors' public code (d = 5, n = 40, sigma^2 = 0.1).
 """
 
-import math
 
 import numpy as np
 import pytest
 import torch
+from builders import S2, TASK, D, N, close, sample
 
 from iclnb.analysis import predictors as P
-from iclnb.engine.tasks import LinearRegression, Prompts
+from iclnb.engine.tasks import LinearRegression
 
-N, D, S2 = 40, 5, 0.1
 B = 100_000
-TASK = LinearRegression(d=D, n=N, sigma2=S2)
-
-
-def sample(B, n, d, sigma2, seed, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    beta = torch.randn(B, d, generator=g, dtype=dtype) / math.sqrt(d)
-    X = torch.randn(B, n, d, generator=g, dtype=dtype)
-    xq = torch.randn(B, d, generator=g, dtype=dtype)
-    y = torch.einsum("bnd,bd->bn", X, beta) + math.sqrt(sigma2) * torch.randn(B, n, generator=g, dtype=dtype)
-    yq = (xq * beta).sum(-1) + math.sqrt(sigma2) * torch.randn(B, generator=g, dtype=dtype)
-    return Prompts(torch.cat([X, y[..., None]], -1), xq, yq, {"beta": beta})
 
 
 @pytest.fixture(scope="module")
 def prompts():
     return sample(B, N, D, S2, seed=0)
-
-
-def close(mc, se, target, rounding=0.0, k=4.0):
-    assert abs(mc - target) <= k * se + rounding, f"MC {mc:.4f} +- {se:.4f} vs {target:.4f}"
 
 
 def test_gd_optimal_step_and_risk_closed_form():

@@ -6,8 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_circuits import build_model, pattern_model
-from test_predictors import S2, TASK, D, N, close, sample
+from builders import S2, TASK, D, N, build_model, close, pattern_model, sample
 
 from iclnb.analysis import circuits as C
 from iclnb.analysis import predictors as P
